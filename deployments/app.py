@@ -1,0 +1,59 @@
+"""The application builder: `serve run configs/<name>.yaml` calls `build_app`
+with the YAML's `args`, validated as an `AppConfig` by Serve."""
+
+# No `from __future__ import annotations` here: Serve reads build_app's
+# parameter annotation as a class to validate `args` with.
+
+from ray.serve import Application
+from ray.serve.config import RequestRouterConfig
+
+from deployments.engine_pool import EnginePool
+from deployments.frontend import Frontend
+from orchestrator.config import AppConfig, PoolConfig, ServingMode
+from orchestrator.engines import check_engine_config, process_env
+from orchestrator.engines.base import EngineRole
+
+# Imported by path in each caller's process, where the frontend finds it in
+# the router registry.
+ROUTER_CLASS = "deployments.pool_router.PinnedRequestRouter"
+# How often each replica's load report reaches the routers.
+ROUTING_STATS_PERIOD_S = 1.0
+
+
+def _pool(name: str, pool: PoolConfig):
+    return EnginePool.options(
+        name=name,
+        num_replicas=pool.replicas,
+        max_ongoing_requests=pool.max_ongoing_requests,
+        ray_actor_options={
+            "num_cpus": pool.num_cpus,
+            "num_gpus": pool.num_gpus,
+            "runtime_env": {"env_vars": process_env(pool)},
+        },
+        request_router_config=RequestRouterConfig(
+            request_router_class=ROUTER_CLASS,
+            request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,
+            request_routing_stats_timeout_s=5.0,
+        ),
+        health_check_period_s=5.0,
+        health_check_timeout_s=30.0,
+    )
+
+
+def build_app(config: AppConfig) -> Application:
+    """The whole graph: frontend -> decode pool (+ prefill pool when disaggregated).
+    Builds without starting anything, so a config can be checked offline."""
+    for pool in config.pools().values():
+        check_engine_config(pool)
+    args = config.model_dump(mode="json")
+    disaggregated = config.mode is ServingMode.DISAGGREGATED
+    decode_role = EngineRole.DECODE if disaggregated else EngineRole.AGGREGATED
+    decode = _pool("decode_pool", config.decode_pool).bind(args, decode_role.value)
+    prefill = _pool("prefill_pool", config.prefill_pool).bind(args, EngineRole.PREFILL.value) if disaggregated else None
+    frontend = Frontend.options(
+        name="frontend",
+        num_replicas=config.frontend.replicas,
+        max_ongoing_requests=config.frontend.max_ongoing_requests,
+        ray_actor_options={"num_cpus": config.frontend.num_cpus},
+    )
+    return frontend.bind(args, decode, prefill)

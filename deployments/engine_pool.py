@@ -1,0 +1,66 @@
+"""A pool replica: one inference engine in one prefill, decode or aggregated role."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import ray
+from ray import serve
+
+from orchestrator.config import AppConfig
+from orchestrator.engines import create_engine
+from orchestrator.engines.base import EngineRole
+from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
+
+log = logging.getLogger("ray.serve")
+
+
+@serve.deployment
+class EnginePool:
+    async def __init__(self, config: dict[str, Any], role: str) -> None:
+        app = AppConfig.model_validate(config)
+        self.role = EngineRole(role)
+        pool = app.prefill_pool if self.role is EngineRole.PREFILL else app.decode_pool
+        assert pool is not None
+        host = app.network.advertise_host or ray.util.get_node_ip_address()
+        self.replica_id = serve.get_replica_context().replica_id.unique_id
+        self.engine = create_engine(app, pool, self.role, host)
+        self.info = await self.engine.start()
+        log.info("%s replica %s ready: %s", self.role.value, self.replica_id, self.info)
+
+    # -- requests -------------------------------------------------------------
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        async for chunk in self.engine.generate(request):
+            yield chunk
+
+    async def prefill(self, request: EngineRequest) -> PrefillResult:
+        result = await self.engine.prefill(request)
+        return dataclasses.replace(result, replica_id=self.replica_id)
+
+    # -- reports --------------------------------------------------------------
+
+    def engine_info(self) -> dict[str, Any]:
+        return {"replica_id": self.replica_id, **self.info.to_dict()}
+
+    def stats(self) -> dict[str, Any]:
+        return {"replica_id": self.replica_id, **self.engine.stats().to_dict()}
+
+    def record_replica_metadata(self) -> dict[str, Any]:
+        """Published once to every router of this pool (Serve replica metadata)."""
+        return self.info.to_dict()
+
+    def record_routing_stats(self) -> dict[str, Any]:
+        """Polled by Serve every `request_routing_stats_period_s` and pushed to routers."""
+        return self.engine.stats().to_dict()
+
+    async def check_health(self) -> None:
+        await self.engine.check_health()
+
+    def __del__(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.shutdown()

@@ -1,0 +1,61 @@
+"""A Serve request router that sends each call to the replica the scheduler chose.
+
+The scheduler lives in the frontend (orchestrator/routing). It names a
+replica in `EngineRequest.target_replica`; this router delivers the call
+there. It also shows the frontend each pool's live replicas, with the static
+metadata and the periodic load report every replica publishes
+(`record_replica_metadata` / `record_routing_stats`).
+
+Serve builds routers inside the deployment handle; the frontend finds them
+in `deployments.router_registry`.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, RunningReplica
+
+from orchestrator.engines.base import EngineInfo, EngineStats
+from orchestrator.pools import ReplicaView
+
+def _target_replica(pending: PendingRequest | None) -> str | None:
+    if pending is None or not pending.args:
+        return None
+    return getattr(pending.args[0], "target_replica", None)
+
+
+def _view(replica: RunningReplica) -> ReplicaView:
+    meta: dict[str, Any] = replica.replica_metadata or {}
+    stats: dict[str, Any] = replica.routing_stats or {}
+    return ReplicaView(
+        replica_id=replica.replica_id.unique_id,
+        info=EngineInfo.from_dict(meta) if "role" in meta else None,
+        stats=EngineStats.from_dict(stats) if stats else None,
+    )
+
+
+class PinnedRequestRouter(FIFOMixin, RequestRouter):
+    def initialize_state(self, **kwargs: Any) -> None:
+        from deployments import router_registry  # by reference: see router_registry
+
+        router_registry.register(self._deployment_id.app_name, self._deployment_id.name, self)
+
+    def replica_views(self) -> list[ReplicaView]:
+        replicas = list(self.curr_replicas.values())
+        return sorted((_view(r) for r in replicas), key=lambda v: v.replica_id)
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        target = _target_replica(pending_request)
+        if target is not None:
+            for replica in candidate_replicas:
+                if replica.replica_id.unique_id == target:
+                    return [[replica]]
+        # No choice made, or the chosen replica is gone: two random candidates,
+        # of which Serve takes the one with the shorter queue.
+        return [random.sample(candidate_replicas, min(2, len(candidate_replicas)))]

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API, as a plain ASGI app over a `CompletionService`."""

@@ -1,0 +1,81 @@
+"""The OpenAI-compatible ASGI app. It holds no state of its own: a
+`CompletionService` does the work, and the callables given here report health
+and pools. The same app runs as the Ray Serve frontend and in unit tests."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from orchestrator.api.errors import APIError
+from orchestrator.api.responses import Endpoint
+from orchestrator.api.service import CompletionService
+
+
+@dataclass(frozen=True)
+class Health:
+    ready: bool
+    detail: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class AppHooks:
+    health: Callable[[], Awaitable[Health]]
+    pools: Callable[[], dict[str, Any]]
+
+
+def _error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def build_openai_app(service: CompletionService, hooks: AppHooks) -> FastAPI:
+    app = FastAPI(title="orchestrator", docs_url=None, redoc_url=None)
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, err: APIError) -> JSONResponse:
+        return _error_response(err)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
+        return _error_response(APIError(err.status_code, str(err.detail), type=kind))
+
+    async def _generate(endpoint: Endpoint, request: Request) -> Response:
+        result = await service.handle(endpoint, await request.body())
+        if isinstance(result, dict):
+            return JSONResponse(result)
+        return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await _generate(Endpoint.COMPLETIONS, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await _generate(Endpoint.CHAT, request)
+
+    @app.get("/v1/models")
+    async def models() -> JSONResponse:
+        return JSONResponse({"object": "list", "data": [service.model.to_dict()]})
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        report = await hooks.health()
+        return JSONResponse({"status": "ok" if report.ready else "unavailable", **report.detail},
+                            status_code=200 if report.ready else 503)
+
+    @app.get("/pools")
+    async def pools() -> JSONResponse:
+        return JSONResponse(hooks.pools())
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(service.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
+
+    return app

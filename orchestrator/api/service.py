@@ -1,0 +1,246 @@
+"""Completions and chat completions: validate, tokenize, run, format.
+
+    body -> validated request -> token ids -> EngineRequest
+         -> RequestPath.stream -> whole JSON response, or SSE events
+
+Everything a client can get wrong is rejected here, with an OpenAI-style
+error, before any engine sees the request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+
+from orchestrator.api import sse
+from orchestrator.api.errors import APIError, bad_request, from_validation_error, model_not_found, server_error
+from orchestrator.api.protocol import ChatCompletionRequest, CompletionRequest
+from orchestrator.api.responses import (
+    Endpoint,
+    ResponseHeader,
+    delta_chunk,
+    role_chunk,
+    usage,
+    usage_chunk,
+    whole_response,
+)
+from orchestrator.engines.base import EngineRequestRejected
+from orchestrator.metrics import FrontendMetrics
+from orchestrator.prompts import PromptRenderer
+from orchestrator.request_path import RequestPath, RequestTrace
+from orchestrator.requests import CompletionTotals, EngineChunk, EngineRequest, SamplingSpec
+
+
+@dataclass(frozen=True)
+class ModelCard:
+    name: str
+    max_model_len: int
+    created: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.name, "object": "model", "created": self.created, "owned_by": "orchestrator",
+                "max_model_len": self.max_model_len}
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    endpoint: Endpoint
+    header: ResponseHeader
+    engine_request: EngineRequest
+    stream: bool
+    include_usage: bool
+    arrival: float
+
+
+def _sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> SamplingSpec:
+    return SamplingSpec(
+        max_tokens=max_tokens,
+        temperature=1.0 if req.temperature is None else req.temperature,
+        top_p=1.0 if req.top_p is None else req.top_p,
+        top_k=None if req.top_k in (None, -1, 0) else req.top_k,
+        min_p=req.min_p or 0.0,
+        seed=req.seed,
+        stop=tuple(req.stop or ()),
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        ignore_eos=req.ignore_eos,
+        min_tokens=req.min_tokens,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+    )
+
+
+def _parse_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise bad_request(f"request body is not valid JSON: {e}") from None
+
+
+class CompletionService:
+    def __init__(
+        self,
+        model: ModelCard,
+        renderer: PromptRenderer,
+        path: RequestPath,
+        metrics: FrontendMetrics,
+        clock: Callable[[], float] = time.perf_counter,
+        wall_clock: Callable[[], float] = time.time,
+        new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+    ) -> None:
+        self.model = model
+        self.renderer = renderer
+        self.path = path
+        self.metrics = metrics
+        self.clock = clock
+        self.wall_clock = wall_clock
+        self.new_id = new_id
+
+    # -- public ---------------------------------------------------------------
+
+    async def handle(self, endpoint: Endpoint, raw_body: bytes) -> dict[str, Any] | AsyncIterator[str]:
+        """A whole response body, or (for `stream: true`) an iterator of SSE events.
+        Raises APIError for anything the client must fix."""
+        try:
+            prepared = await self._prepare(endpoint, _parse_json(raw_body))
+        except APIError:
+            self.metrics.requests.labels(endpoint.value, "client_error").inc()
+            raise
+        if prepared.stream:
+            return self._sse(prepared)
+        return await self._whole(prepared)
+
+    # -- preparation ----------------------------------------------------------
+
+    async def _prepare(self, endpoint: Endpoint, body: Any) -> PreparedRequest:
+        arrival = self.clock()
+        if not isinstance(body, dict):
+            raise bad_request("request body must be a JSON object")
+        model_cls = CompletionRequest if endpoint is Endpoint.COMPLETIONS else ChatCompletionRequest
+        try:
+            req = model_cls.model_validate(body)
+        except ValidationError as e:
+            raise from_validation_error(e) from None
+        unsupported = req.unsupported_fields()
+        if unsupported:
+            raise bad_request(f"{unsupported[0]} is not supported by this server", param=unsupported[0], code="unsupported")
+        if req.model != self.model.name:
+            raise model_not_found(req.model)
+
+        if isinstance(req, CompletionRequest):
+            prompt_ids = await asyncio.to_thread(self.renderer.completion_prompt, req.prompt)
+            requested, prompt_param = req.max_tokens, "prompt"
+        else:
+            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
+            prompt_ids = await asyncio.to_thread(self.renderer.chat_prompt, messages)
+            requested, prompt_param = req.requested_max_tokens, "messages"
+        max_tokens = self._check_lengths(len(prompt_ids), requested, prompt_param)
+
+        rid = self.new_id()
+        prefix = "cmpl" if endpoint is Endpoint.COMPLETIONS else "chatcmpl"
+        return PreparedRequest(
+            endpoint=endpoint,
+            header=ResponseHeader(id=f"{prefix}-{rid}", created=int(self.wall_clock()), model=self.model.name),
+            engine_request=EngineRequest(request_id=rid, prompt_token_ids=prompt_ids, sampling=_sampling(req, max_tokens)),
+            stream=req.stream,
+            include_usage=bool(req.stream_options and req.stream_options.include_usage),
+            arrival=arrival,
+        )
+
+    def _check_lengths(self, prompt_len: int, requested: int | None, prompt_param: str) -> int:
+        limit = self.model.max_model_len
+        if prompt_len == 0:
+            raise bad_request("the prompt is empty", param=prompt_param)
+        if prompt_len >= limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens; the prompt has {prompt_len} tokens "
+                "and leaves no room for a completion.",
+                param=prompt_param, code="context_length_exceeded",
+            )
+        if requested is None:
+            return limit - prompt_len
+        if prompt_len + requested > limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the completion).",
+                param="max_tokens", code="context_length_exceeded",
+            )
+        return requested
+
+    # -- running --------------------------------------------------------------
+
+    async def _chunks(self, p: PreparedRequest, trace: RequestTrace) -> AsyncIterator[EngineChunk]:
+        """The engine's chunks, with latency metrics observed as they pass."""
+        last = None
+        async with contextlib.aclosing(self.path.stream(p.engine_request, trace)) as chunks:
+            async for chunk in chunks:
+                n = len(chunk.token_ids)
+                if n:
+                    now = self.clock()
+                    if last is None:
+                        self.metrics.ttft.observe(now - p.arrival)
+                    else:
+                        for _ in range(n):
+                            self.metrics.itl.observe((now - last) / n)
+                    last = now
+                yield chunk
+
+    def _finish(self, p: PreparedRequest, totals: CompletionTotals, trace: RequestTrace) -> dict[str, Any]:
+        self.metrics.e2e.observe(self.clock() - p.arrival)
+        self.metrics.prompt_tokens.inc(len(p.engine_request.prompt_token_ids))
+        self.metrics.generation_tokens.inc(len(totals.token_ids))
+        self.metrics.cached_prompt_tokens.inc(totals.num_cached_tokens)
+        self.metrics.requests.labels(p.endpoint.value, "success").inc()
+        # Prompt tokens a cache spared: on the prefill replica when it computed
+        # the prompt, else on the decode replica (whose count would otherwise
+        # include the transferred tokens).
+        cached = trace.prefill.num_cached_tokens if trace.prefill is not None else totals.num_cached_tokens
+        return usage(len(p.engine_request.prompt_token_ids), len(totals.token_ids), cached)
+
+    async def _whole(self, p: PreparedRequest) -> dict[str, Any]:
+        totals, trace = CompletionTotals(), RequestTrace()
+        try:
+            async for chunk in self._chunks(p, trace):
+                totals.add(chunk)
+        except EngineRequestRejected as e:
+            self.metrics.requests.labels(p.endpoint.value, "client_error").inc()
+            raise bad_request(str(e)) from None
+        except asyncio.CancelledError:
+            self.metrics.requests.labels(p.endpoint.value, "cancelled").inc()
+            raise
+        except Exception as e:
+            self.metrics.requests.labels(p.endpoint.value, "server_error").inc()
+            raise server_error(f"generation failed: {type(e).__name__}: {e}") from None
+        return whole_response(p.endpoint, p.header, totals, self._finish(p, totals, trace))
+
+    async def _sse(self, p: PreparedRequest) -> AsyncIterator[str]:
+        totals, trace = CompletionTotals(), RequestTrace()
+        try:
+            if p.endpoint is Endpoint.CHAT:
+                yield sse.event(role_chunk(p.header))
+            async for chunk in self._chunks(p, trace):
+                totals.add(chunk)
+                if chunk.text or chunk.finish_reason is not None:
+                    yield sse.event(delta_chunk(p.endpoint, p.header, chunk.text, chunk.finish_reason))
+        except (asyncio.CancelledError, GeneratorExit):
+            self.metrics.requests.labels(p.endpoint.value, "cancelled").inc()
+            raise
+        except Exception as e:
+            outcome = "client_error" if isinstance(e, EngineRequestRejected) else "server_error"
+            self.metrics.requests.labels(p.endpoint.value, outcome).inc()
+            err = bad_request(str(e)) if outcome == "client_error" else server_error(f"generation failed: {type(e).__name__}: {e}")
+            yield sse.event(err.body())
+            yield sse.DONE
+            return
+        usage_body = self._finish(p, totals, trace)
+        if p.include_usage:
+            yield sse.event(usage_chunk(p.endpoint, p.header, usage_body))
+        yield sse.DONE

@@ -1,0 +1,57 @@
+"""`orchestrator` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+DEFAULT_TINY_MODEL_DIR = "~/.cache/orchestrator/tiny-llama"
+
+
+def _make_tiny_model(args: argparse.Namespace) -> int:
+    from orchestrator.tiny_model import make_tiny_model
+
+    print(make_tiny_model(args.dir))
+    return 0
+
+
+def _check_config(args: argparse.Namespace) -> int:
+    from orchestrator.config import load_app_config
+
+    config = load_app_config(args.config)
+    print(json.dumps(config.model_dump(mode="json"), indent=2))
+    return 0
+
+
+def _sample_request(args: argparse.Namespace) -> int:
+    from harness.sample_request import run_sample_request
+
+    return run_sample_request(args.url, args.wait_s, args.prompt, args.max_tokens)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="orchestrator", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("make-tiny-model", help="write a tiny random Llama + tokenizer (no download)")
+    p.add_argument("dir", nargs="?", default=DEFAULT_TINY_MODEL_DIR)
+    p.set_defaults(func=_make_tiny_model)
+
+    p = sub.add_parser("check-config", help="validate a Serve config's application args and print them")
+    p.add_argument("config")
+    p.set_defaults(func=_check_config)
+
+    p = sub.add_parser("sample-request", help="wait for a server to be ready, send one chat request, print it")
+    p.add_argument("--url", default="http://127.0.0.1:8000")
+    p.add_argument("--wait-s", type=float, default=600.0)
+    p.add_argument("--prompt", default="Explain disaggregated prefill and decode in one sentence.")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.set_defaults(func=_sample_request)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

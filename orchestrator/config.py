@@ -1,0 +1,187 @@
+"""The application's configuration: one pydantic tree, loaded from YAML.
+
+Every model forbids unknown keys, so a typo fails at build time with the
+field's path in the message. Nothing is read from the environment here.
+"""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+
+# vLLM's CPU attention backend only accepts block sizes that are multiples of 32.
+CPU_BLOCK_SIZE_MULTIPLE = 32
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Device(str, enum.Enum):
+    CUDA = "cuda"
+    CPU = "cpu"
+
+
+class ServingMode(str, enum.Enum):
+    DISAGGREGATED = "disaggregated"  # prefill pool + decode pool, KV transferred between them
+    AGGREGATED = "aggregated"  # one pool does prefill and decode
+
+
+class ModelConfig(_Strict):
+    name: str = Field(description="Model name clients send in the OpenAI `model` field.")
+    source: str = Field(description="Hugging Face repo id, or a local directory (absolute or ~).")
+    tokenizer: str | None = Field(default=None, description="Tokenizer source; defaults to `source`.")
+    max_model_len: PositiveInt
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    seed: int = 0
+
+    @property
+    def tokenizer_source(self) -> str:
+        return resolve_source(self.tokenizer or self.source)
+
+    @property
+    def weights_source(self) -> str:
+        return resolve_source(self.source)
+
+
+def resolve_source(source: str) -> str:
+    """A source starting with `~`, `/` or `.` is a local path; anything else is a
+    hub id and is returned unchanged."""
+    if source.startswith(("~", "/", ".")):
+        return str(Path(source).expanduser().resolve())
+    return source
+
+
+class KVCacheConfig(_Strict):
+    block_size: PositiveInt = 16
+    enable_prefix_caching: bool = True
+
+
+class CpuEngineSettings(_Strict):
+    """Settings for an engine on CPU. Each engine is pinned to `threads` OpenMP
+    threads that sleep when idle; without this, two engines on a small machine
+    spin against each other and every request is ~10x slower."""
+
+    kv_cache_gib: PositiveFloat = 1.0
+    threads: PositiveInt = 1
+
+
+class VllmEngineConfig(_Strict):
+    kind: Literal["vllm"] = "vllm"
+    device: Device = Device.CUDA
+    tensor_parallel_size: PositiveInt = 1
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    max_num_seqs: PositiveInt | None = None
+    max_num_batched_tokens: PositiveInt | None = None
+    enforce_eager: bool = False
+    cpu: CpuEngineSettings = CpuEngineSettings()
+    engine_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further vLLM AsyncEngineArgs, checked against vLLM's own field names at build time.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> "VllmEngineConfig":
+        if self.tensor_parallel_size > 1:
+            raise ValueError(
+                "tensor_parallel_size > 1 needs placement-group replicas, which this release does not build yet"
+            )
+        reserved = {"model", "tokenizer", "dtype", "max_model_len", "block_size", "kv_transfer_config",
+                    "kv_events_config", "enable_prefix_caching", "served_model_name", "seed"}
+        clash = sorted(reserved & set(self.engine_args))
+        if clash:
+            raise ValueError(f"engine_args may not set {clash}: they come from model/kv_cache/pool settings")
+        return self
+
+
+class PoolConfig(_Strict):
+    replicas: PositiveInt = 1
+    engine: VllmEngineConfig
+    num_cpus: float = Field(default=1.0, ge=0, description="Ray logical CPUs per replica.")
+    max_ongoing_requests: PositiveInt = Field(
+        default=256, description="Serve-level cap per replica; the engine queues beyond its batch."
+    )
+
+    @property
+    def num_gpus(self) -> int:
+        return self.engine.tensor_parallel_size if self.engine.device is Device.CUDA else 0
+
+
+class FrontendConfig(_Strict):
+    replicas: PositiveInt = 1
+    num_cpus: float = Field(default=1.0, ge=0)
+    max_ongoing_requests: PositiveInt = 1024
+    prefill_timeout_s: PositiveFloat = Field(
+        default=30.0, description="A prefill slower than this is abandoned and the decode replica prefills locally."
+    )
+
+
+class RoutingConfig(_Strict):
+    policy: Literal["round_robin"] = "round_robin"
+
+
+class SlaConfig(_Strict):
+    """Latency targets. Recorded now; the SLA planner sizes pools to them."""
+
+    ttft_p99_ms: PositiveFloat | None = None
+    itl_p50_ms: PositiveFloat | None = None
+
+
+class NetworkConfig(_Strict):
+    advertise_host: str | None = Field(
+        default=None,
+        description="Address peers use to reach a replica's NIXL side channel and KV events; "
+        "None means the replica's Ray node address.",
+    )
+    nixl_backends: list[str] = Field(default_factory=lambda: ["UCX"])
+
+
+class AppConfig(_Strict):
+    model: ModelConfig
+    kv_cache: KVCacheConfig = KVCacheConfig()
+    prefill_pool: PoolConfig | None = Field(
+        default=None, description="Absent: aggregated serving, the decode pool prefills every prompt."
+    )
+    decode_pool: PoolConfig
+    frontend: FrontendConfig = FrontendConfig()
+    routing: RoutingConfig = RoutingConfig()
+    sla: SlaConfig = SlaConfig()
+    network: NetworkConfig = NetworkConfig()
+
+    @property
+    def mode(self) -> ServingMode:
+        return ServingMode.AGGREGATED if self.prefill_pool is None else ServingMode.DISAGGREGATED
+
+    def pools(self) -> dict[str, PoolConfig]:
+        pools = {"decode_pool": self.decode_pool}
+        if self.prefill_pool is not None:
+            pools["prefill_pool"] = self.prefill_pool
+        return pools
+
+    @model_validator(mode="after")
+    def _check(self) -> "AppConfig":
+        for name, pool in self.pools().items():
+            if pool.engine.device is Device.CPU and self.kv_cache.block_size % CPU_BLOCK_SIZE_MULTIPLE:
+                raise ValueError(
+                    f"kv_cache.block_size={self.kv_cache.block_size}: {name} runs on CPU, "
+                    f"where vLLM needs a multiple of {CPU_BLOCK_SIZE_MULTIPLE}"
+                )
+        return self
+
+
+def load_serve_config(path: str | Path) -> dict[str, Any]:
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def load_app_config(path: str | Path, app_index: int = 0) -> AppConfig:
+    """Read the `args` of one application from a Serve config file
+    (`applications: [{import_path, args}]`), or a file that is just the args."""
+    doc = load_serve_config(path)
+    if isinstance(doc, dict) and "applications" in doc:
+        doc = doc["applications"][app_index].get("args", {})
+    return AppConfig.model_validate(doc)

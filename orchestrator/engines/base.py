@@ -1,0 +1,111 @@
+"""The engine boundary: what a pool replica needs from an inference engine.
+
+Adapters (vLLM, and later SGLang and the simulated engine) implement `Engine`;
+nothing outside an adapter sees engine objects.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Protocol
+
+from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
+
+
+class EngineRole(str, enum.Enum):
+    PREFILL = "prefill"  # computes prompts and hands their KV to a decode replica
+    DECODE = "decode"  # pulls transferred KV and decodes; can also prefill locally
+    AGGREGATED = "aggregated"  # no KV transfer
+
+
+class EngineError(RuntimeError):
+    """The engine failed a request (not the caller's fault)."""
+
+
+class EngineRequestRejected(ValueError):
+    """The engine refused a request as invalid (the caller's fault)."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """Static facts about one replica's engine, published once at start-up
+    (Serve replica metadata) so that routers can address it."""
+
+    role: EngineRole
+    engine_kind: str
+    engine_version: str
+    engine_id: str
+    model: str
+    block_size: int
+    max_model_len: int
+    host: str
+    kv_events_endpoint: str | None = None
+    nixl_side_channel_port: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["role"] = self.role.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EngineInfo":
+        known = {f.name for f in fields(cls)}
+        values = {k: v for k, v in d.items() if k in known}
+        values["role"] = EngineRole(values["role"])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A replica's load and cumulative counters, as its engine reports them.
+
+    Gauges are the latest values; `*_total` fields only grow over the life of
+    the engine (a restarted replica starts from zero)."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0
+    prompt_tokens_computed_total: int = 0
+    prompt_tokens_local_cache_total: int = 0
+    prompt_tokens_transferred_total: int = 0
+    generation_tokens_total: int = 0
+    requests_finished_total: int = 0
+    kv_transfers_total: int = 0
+    kv_transfer_failures_total: int = 0
+    kv_transfer_bytes_total: int = 0
+    kv_transfer_seconds_total: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "EngineStats":
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+
+class Engine(Protocol):
+    """One inference engine inside one pool replica."""
+
+    async def start(self) -> EngineInfo: ...
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """Stream the request's output. With `request.kv_transfer` set, the
+        prompt's KV is pulled from the prefill replica instead of computed.
+        Cancelling the iteration aborts the request in the engine and frees
+        its KV blocks."""
+        ...
+
+    async def prefill(self, request: EngineRequest) -> PrefillResult:
+        """Compute the prompt and keep its KV for a remote decode replica."""
+        ...
+
+    def stats(self) -> EngineStats: ...
+
+    async def check_health(self) -> None:
+        """Raise if the engine can no longer serve."""
+        ...
+
+    def shutdown(self) -> None: ...

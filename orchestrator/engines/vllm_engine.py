@@ -1,0 +1,307 @@
+"""vLLM adapter: one `AsyncLLM` in one pool replica.
+
+The only module that touches vLLM. vLLM is imported inside functions so that
+the application builder can read engine settings without paying for the import.
+
+KV transfer uses vLLM's NixlConnector (pull mode): the prefill engine runs the
+prompt with `do_remote_decode`, keeps the blocks and returns their ids and its
+NIXL side-channel address; the decode engine, given those params, reads the
+blocks over NIXL before its first step. The prefill engine frees the blocks
+when the read completes or its lease on them lapses.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from orchestrator.config import Device, KVCacheConfig, ModelConfig, NetworkConfig, VllmEngineConfig
+from orchestrator.engines.base import (
+    EngineError,
+    EngineInfo,
+    EngineRequestRejected,
+    EngineRole,
+    EngineStats,
+)
+from orchestrator.requests import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
+
+ENGINE_KIND = "vllm"
+
+# kv_transfer_params that ask a prefill engine to keep the prompt's KV for a remote decode.
+_REMOTE_DECODE_PARAMS = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
+
+_ROLE_TO_KV_ROLE = {EngineRole.PREFILL: "kv_producer", EngineRole.DECODE: "kv_consumer"}
+
+
+def process_env(engine: VllmEngineConfig) -> dict[str, str]:
+    """Environment a replica process needs before vLLM or torch is imported.
+
+    On CPU: a bounded KV cache, and OpenMP threads that are neither bound to
+    every core nor spin-waiting, so that several engines can share a machine."""
+    if engine.device is not Device.CPU:
+        return {}
+    return {
+        "VLLM_CPU_KVCACHE_SPACE": f"{engine.cpu.kv_cache_gib:g}",
+        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+        "OMP_NUM_THREADS": str(engine.cpu.threads),
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "KMP_BLOCKTIME": "0",
+    }
+
+
+def check_engine_args(engine: VllmEngineConfig) -> None:
+    """Raise ValueError naming any `engine_args` key that vLLM does not have."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
+    unknown = sorted(set(engine.engine_args) - known)
+    if unknown:
+        raise ValueError(f"engine.engine_args: vLLM's AsyncEngineArgs has no field(s) {unknown}")
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host if host != "localhost" else "127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _finish_reason(reason: str | None) -> FinishReason | None:
+    if reason is None:
+        return None
+    return FinishReason(reason) if reason in FinishReason._value2member_map_ else FinishReason.STOP
+
+
+class _StatsSink:
+    """Folds vLLM's per-step scheduler and iteration stats into EngineStats counters."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = EngineStats().to_dict()
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
+        v = self.values
+        if scheduler_stats is not None:
+            v["num_running"] = scheduler_stats.num_running_reqs
+            v["num_waiting"] = scheduler_stats.num_waiting_reqs
+            v["kv_cache_usage"] = scheduler_stats.kv_cache_usage
+            nixl = scheduler_stats.kv_connector_stats or {}
+            v["kv_transfers_total"] += len(nixl.get("transfer_duration", ()))
+            v["kv_transfer_seconds_total"] += float(sum(nixl.get("transfer_duration", ())))
+            v["kv_transfer_bytes_total"] += int(sum(nixl.get("bytes_transferred", ())))
+            v["kv_transfer_failures_total"] += sum(
+                len(nixl.get(k, ()))
+                for k in ("num_failed_transfers", "num_failed_handshakes", "num_failed_notifications")
+            )
+        if iteration_stats is not None:
+            prompt = iteration_stats.prompt_token_stats
+            v["prompt_tokens_computed_total"] += prompt.computed
+            v["prompt_tokens_local_cache_total"] += prompt.local_cache_hit
+            v["prompt_tokens_transferred_total"] += prompt.external_kv_transfer
+            v["generation_tokens_total"] += iteration_stats.num_generation_tokens
+            v["requests_finished_total"] += len(iteration_stats.finished_requests)
+
+    def snapshot(self) -> EngineStats:
+        return EngineStats.from_dict(self.values)
+
+
+def _stat_logger_factory(sink: _StatsSink):
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class _SinkLogger(StatLoggerBase):
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+            sink.record(scheduler_stats, iteration_stats)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    return _SinkLogger
+
+
+class VllmEngine:
+    def __init__(
+        self,
+        model: ModelConfig,
+        kv_cache: KVCacheConfig,
+        engine: VllmEngineConfig,
+        role: EngineRole,
+        host: str,
+        network: NetworkConfig,
+    ) -> None:
+        self._model = model
+        self._kv_cache = kv_cache
+        self._engine_cfg = engine
+        self._role = role
+        self._host = host
+        self._network = network
+        self._stats = _StatsSink()
+        self._llm: Any = None
+        self._info: EngineInfo | None = None
+
+    # -- life cycle -----------------------------------------------------------
+
+    def _engine_args(self):
+        from vllm.config import KVTransferConfig
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        cfg = self._engine_cfg
+        kv_transfer = None
+        if self._role is not EngineRole.AGGREGATED:
+            kv_transfer = KVTransferConfig(
+                kv_connector="NixlConnector",
+                kv_role=_ROLE_TO_KV_ROLE[self._role],
+                kv_buffer_device="cpu" if cfg.device is Device.CPU else "cuda",
+                kv_connector_extra_config={"backends": list(self._network.nixl_backends)},
+            )
+        optional = {
+            "max_num_seqs": cfg.max_num_seqs,
+            "max_num_batched_tokens": cfg.max_num_batched_tokens,
+        }
+        return AsyncEngineArgs(
+            model=self._model.weights_source,
+            tokenizer=self._model.tokenizer_source,
+            served_model_name=[self._model.name],
+            dtype=self._model.dtype,
+            seed=self._model.seed,
+            max_model_len=self._model.max_model_len,
+            block_size=self._kv_cache.block_size,
+            enable_prefix_caching=self._kv_cache.enable_prefix_caching,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            enforce_eager=cfg.enforce_eager,
+            kv_transfer_config=kv_transfer,
+            **{k: v for k, v in optional.items() if v is not None},
+            **cfg.engine_args,
+        )
+
+    async def start(self) -> EngineInfo:
+        import vllm
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        nixl_port = None
+        if self._role is not EngineRole.AGGREGATED:
+            # Read by the connector in the engine-core process, which inherits
+            # this environment when it is spawned below.
+            nixl_port = free_port(self._host)
+            os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self._host
+            os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(nixl_port)
+        args = self._engine_args()
+        self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self._stats)])
+        kv_transfer_config = self._llm.vllm_config.kv_transfer_config
+        engine_id = kv_transfer_config.engine_id if kv_transfer_config is not None else str(uuid.uuid4())
+        self._info = EngineInfo(
+            role=self._role,
+            engine_kind=ENGINE_KIND,
+            engine_version=vllm.__version__,
+            engine_id=engine_id,
+            model=self._model.name,
+            block_size=self._kv_cache.block_size,
+            max_model_len=self._model.max_model_len,
+            host=self._host,
+            nixl_side_channel_port=nixl_port,
+        )
+        return self._info
+
+    def shutdown(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+    async def check_health(self) -> None:
+        if self._llm is None:
+            raise EngineError("engine not started")
+        try:
+            await self._llm.check_health()
+        except Exception as e:  # EngineDeadError and whatever the core died of
+            raise EngineError(f"engine unhealthy: {e}") from e
+
+    def stats(self) -> EngineStats:
+        return self._stats.snapshot()
+
+    # -- requests -------------------------------------------------------------
+
+    def _sampling_params(self, request: EngineRequest, kv_transfer_params: dict[str, Any] | None):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        s = request.sampling
+        return SamplingParams(
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k if s.top_k is not None else 0,
+            min_p=s.min_p,
+            seed=s.seed,
+            stop=list(s.stop) or None,
+            stop_token_ids=list(s.stop_token_ids) or None,
+            ignore_eos=s.ignore_eos,
+            min_tokens=s.min_tokens,
+            presence_penalty=s.presence_penalty,
+            frequency_penalty=s.frequency_penalty,
+            repetition_penalty=s.repetition_penalty,
+            output_kind=RequestOutputKind.DELTA,
+            extra_args={"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None,
+        )
+
+    async def _outputs(self, request: EngineRequest, kv_transfer_params: dict[str, Any] | None):
+        from vllm import TokensPrompt
+        from vllm.exceptions import VLLMClientError
+
+        if self._llm is None:
+            raise EngineError("engine not started")
+        params = self._sampling_params(request, kv_transfer_params)
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        try:
+            async for out in self._llm.generate(prompt, params, request.request_id):
+                yield out
+        except (VLLMClientError, ValueError) as e:
+            raise EngineRequestRejected(str(e)) from e
+        except Exception as e:  # engine death, generate errors
+            raise EngineError(f"{type(e).__name__}: {e}") from e
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        kv_params = request.kv_transfer.engine_params if request.kv_transfer else None
+        first = True
+        async for out in self._outputs(request, kv_params):
+            completion = out.outputs[0]
+            yield EngineChunk(
+                token_ids=tuple(completion.token_ids),
+                text=completion.text,
+                finish_reason=_finish_reason(completion.finish_reason),
+                stop_reason=completion.stop_reason,
+                num_prompt_tokens=len(request.prompt_token_ids) if first else 0,
+                num_cached_tokens=(out.num_cached_tokens or 0) if first else 0,
+            )
+            first = False
+
+    async def prefill(self, request: EngineRequest) -> PrefillResult:
+        last = None
+        async for out in self._outputs(request, dict(_REMOTE_DECODE_PARAMS)):
+            last = out
+        params = last.kv_transfer_params if last is not None else None
+        if not params or not params.get("remote_block_ids"):
+            raise EngineError("prefill finished without KV transfer metadata")
+        block_groups = params["remote_block_ids"]
+        return PrefillResult(
+            kv_transfer=KVTransfer(
+                source_engine_id=str(params.get("remote_engine_id")),
+                num_blocks=sum(len(g) for g in block_groups),
+                num_tokens=int(params.get("remote_num_tokens") or len(request.prompt_token_ids)),
+                engine_params=params,
+            ),
+            num_prompt_tokens=len(request.prompt_token_ids),
+            num_cached_tokens=last.num_cached_tokens or 0,
+        )

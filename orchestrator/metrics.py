@@ -1,0 +1,95 @@
+"""Prometheus metrics of one frontend replica, in its own registry.
+
+Request-level series (TTFT, ITL, E2E, outcomes, tokens, routing decisions,
+prefill fallbacks) are observed by the frontend. Engine-level series (load,
+prompt tokens by source, KV transfers) are read at scrape time from the
+pools' latest replica reports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from orchestrator.pools import ReplicaView
+
+PREFIX = "orchestrator"
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 60)
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5)
+E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 300)
+
+# (stats field, metric suffix, help)
+_ENGINE_COUNTERS = (
+    ("prompt_tokens_computed_total", "engine_prompt_tokens_computed", "Prompt tokens the engine computed."),
+    ("prompt_tokens_local_cache_total", "engine_prompt_tokens_cached", "Prompt tokens served from the local prefix cache."),
+    ("prompt_tokens_transferred_total", "engine_prompt_tokens_transferred", "Prompt tokens whose KV arrived by transfer."),
+    ("generation_tokens_total", "engine_generation_tokens", "Tokens the engine generated."),
+    ("kv_transfers_total", "kv_transfers", "Completed KV transfers into this replica."),
+    ("kv_transfer_failures_total", "kv_transfer_failures", "Failed KV transfers or handshakes."),
+    ("kv_transfer_bytes_total", "kv_transfer_bytes", "Bytes of KV read from prefill replicas."),
+    ("kv_transfer_seconds_total", "kv_transfer_seconds", "Time spent in KV transfers."),
+)
+_ENGINE_GAUGES = (
+    ("num_running", "engine_running_requests", "Requests in the engine's running batch."),
+    ("num_waiting", "engine_waiting_requests", "Requests queued in the engine."),
+    ("kv_cache_usage", "engine_kv_cache_usage", "Fraction of the KV cache in use."),
+)
+
+
+class _PoolCollector:
+    def __init__(self, pools: Callable[[], dict[str, list[ReplicaView]]]) -> None:
+        self._pools = pools
+
+    def collect(self) -> Iterable[Metric]:
+        pools = self._pools()
+        replicas = GaugeMetricFamily(f"{PREFIX}_pool_replicas", "Live replicas per pool.", labels=["pool"])
+        for pool, views in pools.items():
+            replicas.add_metric([pool], len(views))
+        yield replicas
+        for field, name, help_text in _ENGINE_COUNTERS:
+            family = CounterMetricFamily(f"{PREFIX}_{name}", help_text, labels=["pool", "replica"])
+            for pool, views in pools.items():
+                for v in views:
+                    if v.stats is not None:
+                        family.add_metric([pool, v.replica_id], getattr(v.stats, field))
+            yield family
+        for field, name, help_text in _ENGINE_GAUGES:
+            family = GaugeMetricFamily(f"{PREFIX}_{name}", help_text, labels=["pool", "replica"])
+            for pool, views in pools.items():
+                for v in views:
+                    if v.stats is not None:
+                        family.add_metric([pool, v.replica_id], getattr(v.stats, field))
+            yield family
+
+
+class FrontendMetrics:
+    def __init__(self, pools: Callable[[], dict[str, list[ReplicaView]]] | None = None) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "Time to first token.", registry=r, buckets=TTFT_BUCKETS)
+        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds", "Time between streamed tokens.", registry=r, buckets=ITL_BUCKETS)
+        self.e2e = Histogram(f"{PREFIX}_e2e_request_latency_seconds", "Request latency, arrival to last token.", registry=r, buckets=E2E_BUCKETS)
+        self.requests = Counter(f"{PREFIX}_requests", "Requests by endpoint and outcome.", ["endpoint", "outcome"], registry=r)
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens received.", registry=r)
+        self.cached_prompt_tokens = Counter(
+            f"{PREFIX}_cached_prompt_tokens", "Prompt tokens the decode engine did not compute (cache or transfer).", registry=r
+        )
+        self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated.", registry=r)
+        self.route_decisions = Counter(f"{PREFIX}_route_decisions", "Routing decisions by kind.", ["kind"], registry=r)
+        self.prefill_fallbacks = Counter(
+            f"{PREFIX}_prefill_fallbacks", "Remote prefills abandoned for a local prefill, by reason.", ["reason"], registry=r
+        )
+        self.kv_handoffs = Counter(
+            f"{PREFIX}_kv_handoffs", "Remote prefills whose KV was handed to a decode replica.", registry=r
+        )
+        self.kv_handoff_blocks = Counter(f"{PREFIX}_kv_handoff_blocks", "KV blocks handed to decode replicas.", registry=r)
+        self.prefill_latency = Histogram(
+            f"{PREFIX}_remote_prefill_seconds", "Latency of remote prefill calls.", registry=r, buckets=TTFT_BUCKETS
+        )
+        if pools is not None:
+            r.register(_PoolCollector(pools))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,42 @@
+"""The frontend's view of a pool: its live replicas and a way to call them.
+
+`PoolClient` is the transport boundary. Under Ray Serve it is backed by
+deployment handles (deployments/pool_client.py); in unit tests and in the
+simulator it is backed by plain objects.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Protocol
+
+from orchestrator.engines.base import EngineInfo, EngineStats
+from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
+
+
+@dataclass(frozen=True)
+class ReplicaView:
+    """One live replica as the frontend last saw it."""
+
+    replica_id: str
+    info: EngineInfo | None = None
+    stats: EngineStats | None = None
+
+
+class PoolClient(Protocol):
+    name: str
+
+    def replicas(self) -> list[ReplicaView]:
+        """Live replicas, ordered by id. Empty until the pool has reported in."""
+        ...
+
+    async def prefill(self, request: EngineRequest) -> PrefillResult:
+        """Run a remote prefill on `request.target_replica` (any replica if None).
+        Cancelling the call cancels it on the replica."""
+        ...
+
+    def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """Stream a request from `request.target_replica` (any replica if None).
+        Closing the iterator early aborts the request on the replica."""
+        ...

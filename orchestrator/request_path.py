@@ -1,0 +1,99 @@
+"""One request's way through the pools: route, remote prefill, decode stream.
+
+    route = scheduler.route_request(request, prefill replicas, decode replicas)
+    if route is remote prefill:
+        kv = prefill pool.prefill(request)          # KV stays on the prefill replica
+             -- on error or timeout: kv = None      # decode replica prefills locally
+    stream decode pool.generate(request + kv)       # decode replica pulls the KV
+
+A failed or slow prefill never loses the request: it costs a local prefill
+on the decode replica, counted in `prefill_fallbacks`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from orchestrator.engines.base import EngineRequestRejected
+from orchestrator.metrics import FrontendMetrics
+from orchestrator.pools import PoolClient
+from orchestrator.requests import EngineChunk, EngineRequest, KVTransfer, PrefillResult
+from orchestrator.routing.base import RouteDecision, Scheduler
+
+log = logging.getLogger(__name__)
+
+
+class FallbackReason(str, enum.Enum):
+    TIMEOUT = "timeout"
+    ERROR = "error"
+
+
+@dataclass
+class RequestTrace:
+    """What happened to one request on its way, for usage reporting and metrics."""
+
+    route: RouteDecision | None = None
+    prefill: PrefillResult | None = None
+    fallback: FallbackReason | None = None
+
+
+class RequestPath:
+    def __init__(
+        self,
+        decode_pool: PoolClient,
+        prefill_pool: PoolClient | None,
+        scheduler: Scheduler,
+        metrics: FrontendMetrics,
+        prefill_timeout_s: float,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        self.decode_pool = decode_pool
+        self.prefill_pool = prefill_pool
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self.prefill_timeout_s = prefill_timeout_s
+        self.clock = clock
+
+    async def stream(self, request: EngineRequest, trace: RequestTrace) -> AsyncIterator[EngineChunk]:
+        prefill_replicas = self.prefill_pool.replicas() if self.prefill_pool is not None else None
+        route = self.scheduler.route_request(request, prefill_replicas, self.decode_pool.replicas())
+        trace.route = route
+        self.metrics.route_decisions.labels(route.kind.value).inc()
+        try:
+            kv = await self._remote_prefill(request, route, trace) if route.remote_prefill else None
+            decode_request = request.for_decode(route.decode_replica, kv)
+            async with contextlib.aclosing(self.decode_pool.generate(decode_request)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
+        finally:
+            self.scheduler.on_request_finished(request.request_id)
+
+    async def _remote_prefill(self, request: EngineRequest, route: RouteDecision, trace: RequestTrace) -> KVTransfer | None:
+        assert self.prefill_pool is not None
+        start = self.clock()
+        try:
+            result = await asyncio.wait_for(
+                self.prefill_pool.prefill(request.for_prefill(route.prefill_replica)), self.prefill_timeout_s
+            )
+        except EngineRequestRejected:
+            raise  # the request itself is invalid; a local prefill would refuse it too
+        except asyncio.TimeoutError:
+            trace.fallback = FallbackReason.TIMEOUT
+        except Exception as e:  # a dead or failing prefill replica
+            log.warning("remote prefill of %s failed (%s: %s); prefilling on the decode replica",
+                        request.request_id, type(e).__name__, e)
+            trace.fallback = FallbackReason.ERROR
+        else:
+            self.metrics.prefill_latency.observe(self.clock() - start)
+            self.metrics.kv_handoffs.inc()
+            self.metrics.kv_handoff_blocks.inc(result.kv_transfer.num_blocks)
+            trace.prefill = result
+            return result.kv_transfer
+        self.metrics.prefill_fallbacks.labels(trace.fallback.value).inc()
+        return None

@@ -1,0 +1,1 @@
+"""Choosing replicas for a request: the scheduler interface and its policies."""

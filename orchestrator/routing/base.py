@@ -1,0 +1,46 @@
+"""The scheduler boundary: a request and the pools' replicas in, a route out."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from orchestrator.pools import ReplicaView
+from orchestrator.requests import EngineRequest
+
+
+class RouteKind(str, enum.Enum):
+    REMOTE_PREFILL = "remote_prefill"  # prefill pool computes the prompt, KV moves to decode
+    LOCAL_PREFILL = "local_prefill"  # the decode replica computes the prompt itself
+    AGGREGATED = "aggregated"  # no prefill pool configured
+
+
+@dataclass(frozen=True)
+class RouteDecision:
+    kind: RouteKind
+    # Serve replica ids; None lets Serve pick any live replica of that pool
+    # (used when the pool has not reported its replicas yet).
+    decode_replica: str | None
+    prefill_replica: str | None = None
+
+    @property
+    def remote_prefill(self) -> bool:
+        return self.kind is RouteKind.REMOTE_PREFILL
+
+
+class Scheduler(Protocol):
+    def route_request(
+        self,
+        request: EngineRequest,
+        prefill_replicas: Sequence[ReplicaView] | None,
+        decode_replicas: Sequence[ReplicaView],
+    ) -> RouteDecision:
+        """Choose where `request` runs. `prefill_replicas` is None when the
+        application has no prefill pool (aggregated serving)."""
+        ...
+
+    def on_request_finished(self, request_id: str) -> None:
+        """Release whatever the scheduler tracked for the request."""
+        ...

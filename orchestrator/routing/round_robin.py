@@ -1,0 +1,44 @@
+"""Round-robin over each pool's live replicas: the baseline policy."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator.pools import ReplicaView
+from orchestrator.requests import EngineRequest
+from orchestrator.routing.base import RouteDecision, RouteKind
+
+
+class _Cursor:
+    def __init__(self) -> None:
+        self._next = 0
+
+    def pick(self, replicas: Sequence[ReplicaView]) -> str | None:
+        if not replicas:
+            return None
+        choice = replicas[self._next % len(replicas)].replica_id
+        self._next += 1
+        return choice
+
+
+class RoundRobinScheduler:
+    """Every request is disaggregated when a prefill pool exists; replicas
+    are taken in turn within each pool."""
+
+    def __init__(self) -> None:
+        self._prefill = _Cursor()
+        self._decode = _Cursor()
+
+    def route_request(
+        self,
+        request: EngineRequest,
+        prefill_replicas: Sequence[ReplicaView] | None,
+        decode_replicas: Sequence[ReplicaView],
+    ) -> RouteDecision:
+        decode = self._decode.pick(decode_replicas)
+        if prefill_replicas is None:
+            return RouteDecision(RouteKind.AGGREGATED, decode_replica=decode)
+        return RouteDecision(RouteKind.REMOTE_PREFILL, decode_replica=decode, prefill_replica=self._prefill.pick(prefill_replicas))
+
+    def on_request_finished(self, request_id: str) -> None:
+        pass

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The main job: set up, make the tiny model if absent, start the disaggregated
+# application on this CPU machine with `serve run` (http://127.0.0.1:8000),
+# send one sample request once it is ready, then keep serving (Ctrl-C stops).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+export PATH="$PWD/.venv/bin:$PATH"
+CONFIG=${1:-configs/disagg-cpu.yaml}
+orchestrator make-tiny-model >/dev/null
+serve run "$CONFIG" &
+SERVE_PID=$!
+trap 'kill $SERVE_PID 2>/dev/null; wait $SERVE_PID 2>/dev/null; ray stop --force >/dev/null 2>&1' EXIT
+orchestrator sample-request --url http://127.0.0.1:8000 --wait-s 900
+echo "serving at http://127.0.0.1:8000 (Ctrl-C to stop)"
+wait $SERVE_PID

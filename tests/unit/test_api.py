@@ -1,0 +1,270 @@
+"""The OpenAI API over fake pools: request translation, responses, SSE
+framing, errors, disaggregation fallback and cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from orchestrator.api import sse
+from orchestrator.api.responses import Endpoint
+from orchestrator.requests import FinishReason
+from tests.factories import MODEL, FakePool, make_frontend, run, token_text
+
+
+def _json(body) -> bytes:
+    return json.dumps(body).encode()
+
+
+async def _post(frontend, path: str, body, **kw):
+    async with frontend.client() as c:
+        if isinstance(body, (bytes, str)):
+            return await c.post(path, content=body, headers={"content-type": "application/json"}, **kw)
+        return await c.post(path, json=body, **kw)
+
+
+def test_completion_runs_prefill_then_decode_with_the_transfer():
+    fe = make_frontend()
+    r = run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "a b c d", "max_tokens": 3, "temperature": 0}))
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "text_completion"
+    assert body["choices"][0]["text"] == "".join(token_text(100 + i) for i in range(3))
+    assert body["choices"][0]["finish_reason"] == "length"
+    # 4 prompt tokens, 3 generated; cached tokens as the prefill replica reported them.
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7,
+                             "prompt_tokens_details": {"cached_tokens": 7}}
+    (prefill,) = fe.prefill.prefills
+    (decode,) = fe.decode.generates
+    assert prefill.sampling.max_tokens == 1 and prefill.kv_transfer is None
+    assert decode.kv_transfer is not None and decode.kv_transfer.num_tokens == 4
+    assert decode.prompt_token_ids == prefill.prompt_token_ids
+    assert decode.sampling.temperature == 0 and decode.sampling.max_tokens == 3
+    assert fe.metric("orchestrator_kv_handoffs_total") == 1
+    assert fe.metric("orchestrator_route_decisions_total", {"kind": "remote_prefill"}) == 1
+    assert fe.metric("orchestrator_requests_total", {"endpoint": "completions", "outcome": "success"}) == 1
+    assert fe.metric("orchestrator_time_to_first_token_seconds_count") == 1
+    assert fe.metric("orchestrator_inter_token_latency_seconds_count") == 2
+
+
+def test_round_robin_spreads_requests_over_replicas():
+    fe = make_frontend()
+    for _ in range(4):
+        run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "x y", "max_tokens": 1}))
+    assert [r.target_replica for r in fe.decode.generates] == ["r0", "r1", "r0", "r1"]
+    assert [r.target_replica for r in fe.prefill.prefills] == ["r0", "r1", "r0", "r1"]
+
+
+def test_aggregated_mode_never_calls_a_prefill_pool():
+    fe = make_frontend(disaggregated=False)
+    r = run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "a b", "max_tokens": 2}))
+    assert r.status_code == 200
+    assert fe.decode.generates[0].kv_transfer is None
+    assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+    assert fe.metric("orchestrator_route_decisions_total", {"kind": "aggregated"}) == 1
+
+
+def test_chat_renders_the_template_and_returns_a_message():
+    fe = make_frontend()
+    body = {"model": MODEL, "messages": [{"role": "system", "content": "be brief"},
+                                         {"role": "user", "content": [{"type": "text", "text": "hi there"}]}],
+            "max_completion_tokens": 2}
+    r = run(_post(fe, "/v1/chat/completions", body))
+    assert r.status_code == 200
+    out = r.json()
+    assert out["object"] == "chat.completion"
+    assert out["choices"][0]["message"] == {"role": "assistant", "content": token_text(100) + token_text(101)}
+    # "<system> be brief <user> hi there <assistant>" is 7 words.
+    assert out["usage"]["prompt_tokens"] == 7
+
+
+def test_chat_without_max_tokens_may_use_the_rest_of_the_context():
+    fe = make_frontend(max_model_len=20)
+    r = run(_post(fe, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}))
+    assert r.status_code == 200
+    # "<user> hi <assistant>": 3 prompt tokens, 17 left.
+    assert fe.decode.generates[0].sampling.max_tokens == 17
+
+
+def test_streamed_completion_is_valid_sse_with_usage_last():
+    fe = make_frontend()
+    body = {"model": MODEL, "prompt": "a b c", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    r = run(_post(fe, "/v1/completions", body))
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+    events = sse.parse_events(r.text)
+    assert events[-1] == "[DONE]"
+    chunks = events[:-1]
+    assert [c["choices"][0]["text"] for c in chunks[:-1]] == [token_text(100 + i) for i in range(3)]
+    assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None, None, "length"]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+    assert len({c["id"] for c in chunks}) == 1
+
+
+def test_streamed_chat_starts_with_the_role_and_ends_with_done():
+    fe = make_frontend()
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
+    events = sse.parse_events(run(_post(fe, "/v1/chat/completions", body)).text)
+    assert events[0]["object"] == "chat.completion.chunk"
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert [e["choices"][0]["delta"].get("content") for e in events[1:-1]] == [token_text(100), token_text(101)]
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
+    assert events[-1] == "[DONE]"
+    assert all("usage" not in e for e in events[:-1])
+
+
+@pytest.mark.parametrize(
+    "body, status, param",
+    [
+        (b"{not json", 400, None),
+        ([1, 2], 400, None),
+        ({"model": "other", "prompt": "a"}, 404, "model"),
+        ({"model": MODEL}, 400, "prompt"),
+        ({"model": MODEL, "prompt": "a", "max_tokens": 0}, 400, "max_tokens"),
+        ({"model": MODEL, "prompt": "a", "max_tokens": "many"}, 400, "max_tokens"),
+        ({"model": MODEL, "prompt": "a", "temperature": 3}, 400, "temperature"),
+        ({"model": MODEL, "prompt": "a", "n": 2}, 400, "n"),
+        ({"model": MODEL, "prompt": "a", "echo": True}, 400, "echo"),
+        ({"model": MODEL, "prompt": "a", "frobnicate": 1}, 400, "frobnicate"),
+        ({"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": ""}, 400, "prompt"),
+        ({"model": MODEL, "prompt": "a", "stop": [""]}, 400, "stop"),
+        ({"model": MODEL, "prompt": "a", "max_tokens": 64}, 400, "max_tokens"),
+        ({"model": MODEL, "prompt": " ".join(["w"] * 64)}, 400, "prompt"),
+    ],
+)
+def test_bad_completion_requests_get_openai_errors_and_reach_no_engine(body, status, param):
+    fe = make_frontend()
+    r = run(_post(fe, "/v1/completions", body))
+    assert r.status_code == status
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["message"] and err["type"] == "invalid_request_error"
+    assert err["param"] == param
+    assert not fe.decode.generates and not fe.prefill.prefills
+    assert fe.metric("orchestrator_requests_total", {"endpoint": "completions", "outcome": "client_error"}) == 1
+    # The server keeps serving.
+    ok = run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 1}))
+    assert ok.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "body, param",
+    [
+        ({"model": MODEL, "messages": []}, "messages"),
+        ({"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"model": MODEL, "messages": [{"role": "user"}]}, "messages.0.content"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+        ({"model": MODEL, "messages": [{"role": "user", "content": "x"}], "logprobs": True}, "logprobs"),
+    ],
+)
+def test_bad_chat_requests_name_the_field(body, param):
+    fe = make_frontend()
+    r = run(_post(fe, "/v1/chat/completions", body))
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == param
+
+
+def test_unknown_routes_and_methods_get_openai_errors():
+    fe = make_frontend()
+
+    async def go():
+        async with fe.client() as c:
+            return await c.get("/v1/nothing"), await c.get("/v1/completions")
+
+    missing, wrong_method = run(go())
+    assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
+    assert wrong_method.status_code == 405 and "error" in wrong_method.json()
+
+
+def test_models_and_metrics_endpoints():
+    fe = make_frontend()
+
+    async def go():
+        async with fe.client() as c:
+            return await c.get("/v1/models"), await c.get("/metrics"), await c.get("/health")
+
+    models, metrics, health = run(go())
+    assert models.json()["data"][0]["id"] == MODEL
+    assert 'orchestrator_pool_replicas{pool="decode_pool"} 2.0' in metrics.text
+    assert health.status_code == 200
+
+
+def test_failing_prefill_falls_back_to_a_local_prefill_and_is_counted():
+    fe = make_frontend(prefill=FakePool("prefill_pool", prefill_error=RuntimeError("prefill replica died")))
+    r = run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "a b c", "max_tokens": 2}))
+    assert r.status_code == 200
+    assert r.json()["choices"][0]["text"] == token_text(100) + token_text(101)
+    assert fe.decode.generates[0].kv_transfer is None  # prefilled locally
+    assert fe.metric("orchestrator_prefill_fallbacks_total", {"reason": "error"}) == 1
+    assert fe.metric("orchestrator_kv_handoffs_total") == 0
+
+
+def test_slow_prefill_times_out_and_falls_back():
+    fe = make_frontend(prefill_timeout_s=0.05, prefill=FakePool("prefill_pool", prefill_delay_s=10))
+    r = run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "a b c", "max_tokens": 1}))
+    assert r.status_code == 200
+    assert fe.decode.generates[0].kv_transfer is None
+    assert fe.metric("orchestrator_prefill_fallbacks_total", {"reason": "timeout"}) == 1
+
+
+def test_decode_failure_mid_stream_ends_the_stream_with_an_error_event():
+    fe = make_frontend(decode=FakePool("decode_pool", generate_error_after=1))
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 4, "stream": True}
+    events = sse.parse_events(run(_post(fe, "/v1/completions", body)).text)
+    assert events[0]["choices"][0]["text"] == token_text(100)
+    assert events[-2]["error"]["type"] == "server_error"
+    assert events[-1] == "[DONE]"
+    assert fe.metric("orchestrator_requests_total", {"endpoint": "completions", "outcome": "server_error"}) == 1
+
+
+def test_decode_failure_without_streaming_is_a_500():
+    fe = make_frontend(decode=FakePool("decode_pool", generate_error_after=0))
+    r = run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 2}))
+    assert r.status_code == 500 and r.json()["error"]["type"] == "server_error"
+
+
+def test_closing_a_stream_early_closes_the_decode_call():
+    fe = make_frontend(max_model_len=4096, decode=FakePool("decode_pool", chunk_delay_s=0.01))
+
+    async def go():
+        stream = await fe.service.handle(Endpoint.COMPLETIONS, _json({"model": MODEL, "prompt": "a", "max_tokens": 1000, "stream": True}))
+        got = [await anext(stream) for _ in range(3)]
+        await stream.aclose()
+        return got
+
+    got = run(go())
+    assert len(got) == 3
+    assert fe.decode.closed == [fe.decode.generates[0].request_id]
+    assert fe.metric("orchestrator_requests_total", {"endpoint": "completions", "outcome": "cancelled"}) == 1
+
+
+def test_cancelling_a_whole_request_closes_the_decode_call():
+    fe = make_frontend(max_model_len=4096, decode=FakePool("decode_pool", chunk_delay_s=0.01))
+
+    async def go():
+        task = asyncio.create_task(fe.service.handle(Endpoint.COMPLETIONS, _json({"model": MODEL, "prompt": "a", "max_tokens": 1000})))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(go())
+    assert len(fe.decode.closed) == 1
+    assert fe.decode.generates[0].sampling.max_tokens == 1000
+
+
+def test_stop_and_sampling_fields_reach_the_engine_request():
+    fe = make_frontend()
+    body = {"model": MODEL, "prompt": "a", "max_tokens": 2, "stop": "END", "top_k": -1, "top_p": 0.5, "seed": 3,
+            "ignore_eos": True, "min_tokens": 1, "stop_token_ids": [5], "repetition_penalty": 1.1}
+    assert run(_post(fe, "/v1/completions", body)).status_code == 200
+    s = fe.decode.generates[0].sampling
+    assert (s.stop, s.top_k, s.top_p, s.seed, s.ignore_eos, s.min_tokens, s.stop_token_ids, s.repetition_penalty) == (
+        ("END",), None, 0.5, 3, True, 1, (5,), 1.1)
+    assert fe.prefill.prefills[0].sampling.min_tokens == 0
+
+
+def test_finish_reason_values_are_openai_strings():
+    assert {r.value for r in FinishReason} == {"stop", "length", "abort"}
