@@ -138,6 +138,12 @@ class NetworkConfig(_Strict):
         "None means the replica's Ray node address.",
     )
     nixl_backends: list[str] = Field(default_factory=lambda: ["UCX"])
+    nixl_progress_delay_us: int | None = Field(
+        default=None,
+        ge=1,
+        description="Poll interval of NIXL's UCX progress thread. None keeps NIXL's busy-polling (lowest "
+        "latency, one core per engine); CPU machines want ~1000, or idle engines eat every core.",
+    )
 
 
 class AppConfig(_Strict):

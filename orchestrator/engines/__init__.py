@@ -15,12 +15,12 @@ def create_engine(app: AppConfig, pool: PoolConfig, role: EngineRole, host: str)
     raise ValueError(f"unknown engine kind {pool.engine.kind!r}")
 
 
-def process_env(pool: PoolConfig) -> dict[str, str]:
+def process_env(app: AppConfig, pool: PoolConfig) -> dict[str, str]:
     """Environment variables the pool's replica processes must start with."""
     if pool.engine.kind == "vllm":
         from orchestrator.engines.vllm_engine import process_env as vllm_env
 
-        return vllm_env(pool.engine)
+        return vllm_env(pool.engine, app.network)
     return {}
 
 

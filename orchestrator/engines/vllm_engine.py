@@ -12,6 +12,7 @@ when the read completes or its lease on them lapses.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import uuid
@@ -26,6 +27,7 @@ from orchestrator.engines.base import (
     EngineRole,
     EngineStats,
 )
+from orchestrator.engines.vllm_plugin import EXIT_WITH_PARENT_ENV, NIXL_PROGRESS_DELAY_ENV
 from orchestrator.requests import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
 
 ENGINE_KIND = "vllm"
@@ -43,20 +45,26 @@ _REMOTE_DECODE_PARAMS = {
 _ROLE_TO_KV_ROLE = {EngineRole.PREFILL: "kv_producer", EngineRole.DECODE: "kv_consumer"}
 
 
-def process_env(engine: VllmEngineConfig) -> dict[str, str]:
+def process_env(engine: VllmEngineConfig, network: NetworkConfig) -> dict[str, str]:
     """Environment a replica process needs before vLLM or torch is imported.
 
-    On CPU: a bounded KV cache, and OpenMP threads that are neither bound to
-    every core nor spin-waiting, so that several engines can share a machine."""
-    if engine.device is not Device.CPU:
-        return {}
-    return {
-        "VLLM_CPU_KVCACHE_SPACE": f"{engine.cpu.kv_cache_gib:g}",
-        "VLLM_CPU_OMP_THREADS_BIND": "nobind",
-        "OMP_NUM_THREADS": str(engine.cpu.threads),
-        "OMP_WAIT_POLICY": "PASSIVE",
-        "KMP_BLOCKTIME": "0",
-    }
+    Always: engine processes exit when their parent does (our vLLM plugin,
+    orchestrator/engines/vllm_plugin.py), plus the plugin's NIXL progress
+    delay when configured. On CPU: a bounded KV cache, and OpenMP threads that
+    are neither bound to every core nor spin-waiting, so that several engines
+    can share a machine."""
+    env = {EXIT_WITH_PARENT_ENV: "1"}
+    if network.nixl_progress_delay_us is not None:
+        env[NIXL_PROGRESS_DELAY_ENV] = str(network.nixl_progress_delay_us)
+    if engine.device is Device.CPU:
+        env |= {
+            "VLLM_CPU_KVCACHE_SPACE": f"{engine.cpu.kv_cache_gib:g}",
+            "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+            "OMP_NUM_THREADS": str(engine.cpu.threads),
+            "OMP_WAIT_POLICY": "PASSIVE",
+            "KMP_BLOCKTIME": "0",
+        }
+    return env
 
 
 def check_engine_args(engine: VllmEngineConfig) -> None:
@@ -199,7 +207,11 @@ class VllmEngine:
             os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self._host
             os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(nixl_port)
         args = self._engine_args()
-        self._llm = AsyncLLM.from_engine_args(args, stat_loggers=[_stat_logger_factory(self._stats)])
+        # Creating the engine blocks for the whole model load; keep the loop free.
+        # Its output handler starts on this loop at the first request.
+        self._llm = await asyncio.to_thread(
+            AsyncLLM.from_engine_args, args, stat_loggers=[_stat_logger_factory(self._stats)]
+        )
         kv_transfer_config = self._llm.vllm_config.kv_transfer_config
         engine_id = kv_transfer_config.engine_id if kv_transfer_config is not None else str(uuid.uuid4())
         self._info = EngineInfo(

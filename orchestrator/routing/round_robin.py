@@ -22,8 +22,10 @@ class _Cursor:
 
 
 class RoundRobinScheduler:
-    """Every request is disaggregated when a prefill pool exists; replicas
-    are taken in turn within each pool."""
+    """Every request is disaggregated when the prefill pool has a live
+    replica; replicas are taken in turn within each pool. A prefill pool with
+    no live replica (all dead, or being replaced) means local prefill on the
+    decode replica rather than a wait."""
 
     def __init__(self) -> None:
         self._prefill = _Cursor()
@@ -38,6 +40,8 @@ class RoundRobinScheduler:
         decode = self._decode.pick(decode_replicas)
         if prefill_replicas is None:
             return RouteDecision(RouteKind.AGGREGATED, decode_replica=decode)
+        if not prefill_replicas:
+            return RouteDecision(RouteKind.LOCAL_PREFILL, decode_replica=decode)
         return RouteDecision(RouteKind.REMOTE_PREFILL, decode_replica=decode, prefill_replica=self._prefill.pick(prefill_replicas))
 
     def on_request_finished(self, request_id: str) -> None:

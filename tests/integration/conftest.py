@@ -61,6 +61,17 @@ class ServeApps:
                 totals[k] = totals.get(k, 0) + v
         return totals
 
+    def settled_engine_stats(self, app: str, pool: str, quiet_s: float = 2.5) -> dict[str, float]:
+        """Engine counters once the pool's periodic reports stop changing:
+        replicas report every second, so a read right after traffic can lag."""
+        def settled():
+            first = self.engine_stats(app, pool)
+            time.sleep(quiet_s)
+            second = self.engine_stats(app, pool)
+            return second if first == second else None
+
+        return self.wait_until(settled, 30, f"{pool} reports to settle")
+
     def metric(self, app: str, name: str, labels: dict[str, str] | None = None) -> float:
         text = self.http.get(self.url(app, "/metrics")).text
         total = 0.0

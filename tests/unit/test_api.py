@@ -201,6 +201,14 @@ def test_failing_prefill_falls_back_to_a_local_prefill_and_is_counted():
     assert fe.metric("orchestrator_kv_handoffs_total") == 0
 
 
+def test_with_no_live_prefill_replica_the_decode_replica_prefills_at_once():
+    fe = make_frontend(prefill=FakePool("prefill_pool", replica_ids=()))
+    r = run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "a b", "max_tokens": 1}))
+    assert r.status_code == 200
+    assert not fe.prefill.prefills and fe.decode.generates[0].kv_transfer is None
+    assert fe.metric("orchestrator_route_decisions_total", {"kind": "local_prefill"}) == 1
+
+
 def test_slow_prefill_times_out_and_falls_back():
     fe = make_frontend(prefill_timeout_s=0.05, prefill=FakePool("prefill_pool", prefill_delay_s=10))
     r = run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "a b c", "max_tokens": 1}))

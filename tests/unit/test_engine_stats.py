@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats
 from orchestrator.engines.vllm_engine import _StatsSink, process_env
-from orchestrator.config import VllmEngineConfig
+from orchestrator.config import NetworkConfig, VllmEngineConfig
 
 
 def _scheduler(running=0, waiting=0, usage=0.0, nixl=None):
@@ -43,7 +43,12 @@ def test_stats_and_info_survive_the_dict_round_trip():
 
 
 def test_cpu_engines_get_quiet_openmp_settings_and_gpu_engines_none():
-    cpu = process_env(VllmEngineConfig(device="cpu", cpu={"kv_cache_gib": 2, "threads": 1}))
+    cpu = process_env(VllmEngineConfig(device="cpu", cpu={"kv_cache_gib": 2, "threads": 1}), NetworkConfig())
     assert cpu["VLLM_CPU_KVCACHE_SPACE"] == "2" and cpu["OMP_WAIT_POLICY"] == "PASSIVE"
     assert cpu["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and cpu["OMP_NUM_THREADS"] == "1"
-    assert process_env(VllmEngineConfig(device="cuda")) == {}
+    assert process_env(VllmEngineConfig(device="cuda"), NetworkConfig()) == {"ORCHESTRATOR_EXIT_WITH_PARENT": "1"}
+
+
+def test_a_nixl_progress_delay_reaches_the_engine_processes():
+    env = process_env(VllmEngineConfig(device="cuda"), NetworkConfig(nixl_progress_delay_us=500))
+    assert env["ORCHESTRATOR_NIXL_PROGRESS_DELAY_US"] == "500"

@@ -25,9 +25,14 @@ def test_without_a_prefill_pool_routes_are_aggregated():
     assert route.kind is RouteKind.AGGREGATED and route.prefill_replica is None and not route.remote_prefill
 
 
-def test_a_pool_that_has_not_reported_leaves_the_choice_to_serve():
-    route = RoundRobinScheduler().route_request(REQ, [], [])
-    assert route.decode_replica is None and route.prefill_replica is None and route.remote_prefill
+def test_a_decode_pool_that_has_not_reported_leaves_the_choice_to_serve():
+    route = RoundRobinScheduler().route_request(REQ, _views("p0"), [])
+    assert route.decode_replica is None and route.prefill_replica == "p0" and route.remote_prefill
+
+
+def test_no_live_prefill_replica_means_local_prefill_not_a_wait():
+    route = RoundRobinScheduler().route_request(REQ, [], _views("d0"))
+    assert route.kind is RouteKind.LOCAL_PREFILL and route.decode_replica == "d0" and not route.remote_prefill
 
 
 def test_requests_derive_prefill_and_decode_forms():

@@ -1,0 +1,75 @@
+"""One streamed OpenAI completion, timed the way vLLM's `bench serve` and
+AIPerf time it: TTFT is arrival of the first chunk carrying output, ITL the
+gaps between later output chunks, E2E the whole request."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class RequestRecord:
+    ok: bool
+    ttft_s: float | None = None
+    itl_s: list[float] = field(default_factory=list)
+    e2e_s: float | None = None
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    text: str = ""
+    error: str | None = None
+
+
+def _content(event: dict[str, Any]) -> str:
+    choice = (event.get("choices") or [{}])[0]
+    if "text" in choice:
+        return choice.get("text") or ""
+    return (choice.get("delta") or {}).get("content") or ""
+
+
+async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> RequestRecord:
+    """POST `body` with streaming and usage on; never raises for server errors."""
+    body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    start = time.perf_counter()
+    record = RequestRecord(ok=False)
+    last = None
+    try:
+        async with client.stream("POST", url, json=body) as r:
+            if r.status_code != 200:
+                record.error = f"http_{r.status_code}"
+                await r.aread()
+                return record
+            async for line in r.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                data = line[6:]
+                if data == "[DONE]":
+                    break
+                event = json.loads(data)
+                if "error" in event:
+                    record.error = "stream_error"
+                    return record
+                if event.get("usage"):
+                    record.output_tokens = event["usage"]["completion_tokens"]
+                    record.prompt_tokens = event["usage"]["prompt_tokens"]
+                text = _content(event)
+                if text:
+                    now = time.perf_counter()
+                    if last is None:
+                        record.ttft_s = now - start
+                    else:
+                        record.itl_s.append(now - last)
+                    last = now
+                    record.text += text
+    except httpx.HTTPError as e:
+        record.error = type(e).__name__
+        return record
+    record.e2e_s = time.perf_counter() - start
+    record.ok = record.ttft_s is not None
+    if not record.ok:
+        record.error = "no_output"
+    return record

@@ -1,0 +1,80 @@
+"""The vLLM plugin our engine processes load: NIXL's progress-thread delay
+is bounded, and engine processes exit when their parent is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from orchestrator.engines import vllm_plugin
+
+
+def test_nixl_agent_config_gets_the_minimum_progress_delay(monkeypatch):
+    api = pytest.importorskip("nixl._api")
+    monkeypatch.setattr(api.nixlBind, "nixlAgentConfig", api.nixlBind.nixlAgentConfig)
+    monkeypatch.setattr(vllm_plugin, "_installed", set())
+    monkeypatch.setenv(vllm_plugin.NIXL_PROGRESS_DELAY_ENV, "1000")
+    monkeypatch.delenv(vllm_plugin.EXIT_WITH_PARENT_ENV, raising=False)
+    vllm_plugin.register()
+    config = api.nixlBind.nixlAgentConfig()
+    config.pthrDelay = 0  # what nixl_agent.__init__ writes
+    assert config.pthrDelay == 1000
+    config.pthrDelay = 5000
+    assert config.pthrDelay == 5000
+
+
+def test_without_the_variables_the_plugin_changes_nothing(monkeypatch):
+    api = pytest.importorskip("nixl._api")
+    original = api.nixlBind.nixlAgentConfig
+    monkeypatch.setattr(vllm_plugin, "_installed", set())
+    monkeypatch.delenv(vllm_plugin.NIXL_PROGRESS_DELAY_ENV, raising=False)
+    monkeypatch.delenv(vllm_plugin.EXIT_WITH_PARENT_ENV, raising=False)
+    vllm_plugin.register()
+    assert api.nixlBind.nixlAgentConfig is original
+
+
+def test_engine_process_exits_when_its_parent_is_killed(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    # parent -> child; the child loads the plugin and then just sleeps, like an
+    # engine core whose replica is about to be killed.
+    child = textwrap.dedent(f"""
+        import os, time
+        os.environ["{vllm_plugin.EXIT_WITH_PARENT_ENV}"] = "1"
+        from orchestrator.engines import vllm_plugin
+        vllm_plugin.PARENT_POLL_S = 0.1
+        vllm_plugin.register()
+        open({str(pid_file)!r}, "w").write(str(os.getpid()))
+        time.sleep(60)
+    """)
+    parent = subprocess.Popen([sys.executable, "-c",
+                               f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"])
+    try:
+        deadline = time.monotonic() + 30
+        while not pid_file.exists() or not pid_file.read_text():
+            assert time.monotonic() < deadline, "child never started"
+            time.sleep(0.05)
+        child_pid = int(pid_file.read_text())
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 10
+        while _alive(child_pid):
+            assert time.monotonic() < deadline, "child outlived its parent"
+            time.sleep(0.1)
+    finally:
+        parent.kill()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie counts as gone.
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
