@@ -54,7 +54,7 @@ def _app_config(name: str) -> AppConfig:
 
 
 def start_bare_vllm(cfg: AppConfig, port: int) -> subprocess.Popen:
-    env = {**os.environ, **process_env(cfg.decode_pool.engine)}
+    env = {**os.environ, **process_env(cfg.decode_pool.engine, cfg.network)}
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
            "--served-model-name", cfg.model.name, "--dtype", cfg.model.dtype,
            "--max-model-len", str(cfg.model.max_model_len), "--block-size", str(cfg.kv_cache.block_size),
