@@ -120,8 +120,40 @@ class FrontendConfig(_Strict):
     )
 
 
+class RoutingPolicy(str, enum.Enum):
+    ROUND_ROBIN = "round_robin"
+    KV_AWARE = "kv_aware"
+
+
 class RoutingConfig(_Strict):
-    policy: Literal["round_robin"] = "round_robin"
+    """How the scheduler picks replicas and decides whether to disaggregate."""
+
+    policy: RoutingPolicy = RoutingPolicy.KV_AWARE
+    kv_events: bool = Field(
+        default=True,
+        description="Engines publish KV cache events and the index follows them. False: approximate mode, "
+        "the index remembers the scheduler's own routes for `approximate_ttl_s`.",
+    )
+    approximate_ttl_s: PositiveFloat = 120.0
+    event_lag_ttl_s: float = Field(
+        default=5.0, ge=0,
+        description="With events, a route's blocks count as present on its replicas for this long, "
+        "bridging the delay before the engine's events arrive (bursts of one prefix).",
+    )
+    prefill_weight: float = Field(default=1.0, ge=0, description="Cost of an uncached prompt block vs a block of decode load.")
+    temperature: float = Field(
+        default=0.0, ge=0, description="0: lowest cost wins. >0: sample replicas by softmax over normalised costs."
+    )
+    local_prefill_max_tokens: int = Field(
+        default=512, ge=0,
+        description="Conditional disaggregation: a prompt with at most this many tokens uncached on the chosen "
+        "decode replica is prefilled there, not sent to the prefill pool.",
+    )
+    max_prefill_queue_tokens: PositiveInt | None = Field(
+        default=None,
+        description="Prefill pool counts as saturated when even its least loaded replica has more prompt tokens "
+        "queued than this; requests then prefill locally. None: never.",
+    )
 
 
 class SlaConfig(_Strict):

@@ -77,7 +77,21 @@ class FrontendMetrics:
             f"{PREFIX}_cached_prompt_tokens", "Prompt tokens the decode engine did not compute (cache or transfer).", registry=r
         )
         self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated.", registry=r)
-        self.route_decisions = Counter(f"{PREFIX}_route_decisions", "Routing decisions by kind.", ["kind"], registry=r)
+        self.route_decisions = Counter(
+            f"{PREFIX}_route_decisions", "Routing decisions by kind and reason.", ["kind", "reason"], registry=r
+        )
+        self.decision_seconds = Histogram(
+            f"{PREFIX}_scheduler_decision_seconds", "Time to choose a route.", registry=r,
+            buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2),
+        )
+        self.predicted_cached_tokens = Counter(
+            f"{PREFIX}_predicted_cached_prompt_tokens",
+            "Prompt tokens the scheduler expected the prefilling replica to find cached.", registry=r,
+        )
+        self.engine_cached_tokens = Counter(
+            f"{PREFIX}_engine_cached_prompt_tokens",
+            "Prompt tokens the prefilling replica reported as prefix-cache hits.", registry=r,
+        )
         self.prefill_fallbacks = Counter(
             f"{PREFIX}_prefill_fallbacks", "Remote prefills abandoned for a local prefill, by reason.", ["reason"], registry=r
         )
@@ -88,8 +102,27 @@ class FrontendMetrics:
         self.prefill_latency = Histogram(
             f"{PREFIX}_remote_prefill_seconds", "Latency of remote prefill calls.", registry=r, buckets=TTFT_BUCKETS
         )
+        self.kv_event_batches = Counter(f"{PREFIX}_kv_event_batches", "KV event batches applied to the index.", registry=r)
+        self.kv_event_blocks = Counter(
+            f"{PREFIX}_kv_event_blocks", "Blocks stored or removed in the index by engine events.", ["op"], registry=r
+        )
+        self.kv_event_resyncs = Counter(
+            f"{PREFIX}_kv_event_resyncs", "Replicas whose index entries were dropped, by cause.", ["reason"], registry=r
+        )
+        self.kv_events_malformed = Counter(f"{PREFIX}_kv_events_malformed", "KV event batches dropped as undecodable.", registry=r)
+        self.kv_event_stream_failures = Counter(
+            f"{PREFIX}_kv_event_stream_failures", "KV event subscriptions that failed and were restarted.", registry=r
+        )
+        self.kv_event_delay = Histogram(
+            f"{PREFIX}_kv_event_delay_seconds", "From an engine publishing a KV event batch to the index applying it.",
+            registry=r, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
         if pools is not None:
             r.register(_PoolCollector(pools))
+
+    def add_collector(self, collector) -> None:
+        """Series computed at scrape time (anything with `collect()`)."""
+        self.registry.register(collector)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

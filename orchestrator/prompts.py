@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 
 class Tokenizer(Protocol):
+    def __len__(self) -> int: ...
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def apply_chat_template(self, conversation: list[dict[str, Any]], **kwargs: Any) -> Any: ...
@@ -28,6 +30,7 @@ def load_tokenizer(source: str) -> Tokenizer:
 class PromptRenderer:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
+        self.vocab_size = len(tokenizer)
 
     def completion_prompt(self, prompt: str | Sequence[int]) -> tuple[int, ...]:
         if isinstance(prompt, str):

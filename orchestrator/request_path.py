@@ -62,14 +62,22 @@ class RequestPath:
 
     async def stream(self, request: EngineRequest, trace: RequestTrace) -> AsyncIterator[EngineChunk]:
         prefill_replicas = self.prefill_pool.replicas() if self.prefill_pool is not None else None
-        route = self.scheduler.route_request(request, prefill_replicas, self.decode_pool.replicas())
+        decode_replicas = self.decode_pool.replicas()
+        start = self.clock()
+        route = self.scheduler.route_request(request, prefill_replicas, decode_replicas)
+        self.metrics.decision_seconds.observe(self.clock() - start)
         trace.route = route
-        self.metrics.route_decisions.labels(route.kind.value).inc()
+        self.metrics.route_decisions.labels(route.kind.value, route.reason.value if route.reason else "").inc()
         try:
-            kv = await self._remote_prefill(request, route, trace) if route.remote_prefill else None
+            kv = None
+            if route.remote_prefill:
+                kv = await self._remote_prefill(request, route, trace)
+                self.scheduler.on_prefill_done(request.request_id)
             decode_request = request.for_decode(route.decode_replica, kv)
             async with contextlib.aclosing(self.decode_pool.generate(decode_request)) as chunks:
                 async for chunk in chunks:
+                    if chunk.num_prompt_tokens:
+                        self.scheduler.on_prefill_done(request.request_id)
                     yield chunk
         finally:
             self.scheduler.on_request_finished(request.request_id)

@@ -29,6 +29,9 @@ MODEL = "test-model"
 class WordTokenizer:
     """One token per whitespace-separated word; ids are stable per word."""
 
+    def __len__(self) -> int:
+        return 1000
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return [10 + sum(map(ord, w)) % 900 for w in text.split()]
 
@@ -51,6 +54,7 @@ class FakePool:
     prefill_error: Exception | None = None
     prefill_delay_s: float = 0.0
     generate_error_after: int | None = None
+    generate_error: Exception = field(default_factory=lambda: RuntimeError("replica died"))
     chunk_delay_s: float = 0.0
     prefills: list[EngineRequest] = field(default_factory=list)
     generates: list[EngineRequest] = field(default_factory=list)
@@ -76,7 +80,7 @@ class FakePool:
         try:
             for i in range(n):
                 if self.generate_error_after is not None and i == self.generate_error_after:
-                    raise RuntimeError("replica died")
+                    raise self.generate_error
                 await asyncio.sleep(self.chunk_delay_s)
                 yield EngineChunk(
                     token_ids=(100 + i,),

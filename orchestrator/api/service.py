@@ -78,6 +78,13 @@ def _sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int) -
     )
 
 
+def _cause(e: BaseException) -> str:
+    """The message of the error a replica raised, without the remote traceback
+    the transport may wrap around it."""
+    cause = getattr(e, "cause", None)
+    return str(cause if isinstance(cause, BaseException) else e)
+
+
 def _parse_json(raw: bytes) -> Any:
     try:
         return json.loads(raw)
@@ -136,6 +143,8 @@ class CompletionService:
             raise model_not_found(req.model)
 
         if isinstance(req, CompletionRequest):
+            if isinstance(req.prompt, list):
+                self._check_token_ids(req.prompt)
             prompt_ids = await asyncio.to_thread(self.renderer.completion_prompt, req.prompt)
             requested, prompt_param = req.max_tokens, "prompt"
         else:
@@ -154,6 +163,12 @@ class CompletionService:
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             arrival=arrival,
         )
+
+    def _check_token_ids(self, token_ids: list[int]) -> None:
+        vocab = self.renderer.vocab_size
+        bad = next((t for t in token_ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
 
     def _check_lengths(self, prompt_len: int, requested: int | None, prompt_param: str) -> int:
         limit = self.model.max_model_len
@@ -203,6 +218,9 @@ class CompletionService:
         # the prompt, else on the decode replica (whose count would otherwise
         # include the transferred tokens).
         cached = trace.prefill.num_cached_tokens if trace.prefill is not None else totals.num_cached_tokens
+        self.metrics.engine_cached_tokens.inc(cached)
+        if trace.route is not None:
+            self.metrics.predicted_cached_tokens.inc(trace.route.predicted_cached_tokens)
         return usage(len(p.engine_request.prompt_token_ids), len(totals.token_ids), cached)
 
     async def _whole(self, p: PreparedRequest) -> dict[str, Any]:
@@ -212,13 +230,13 @@ class CompletionService:
                 totals.add(chunk)
         except EngineRequestRejected as e:
             self.metrics.requests.labels(p.endpoint.value, "client_error").inc()
-            raise bad_request(str(e)) from None
+            raise bad_request(_cause(e)) from None
         except asyncio.CancelledError:
             self.metrics.requests.labels(p.endpoint.value, "cancelled").inc()
             raise
         except Exception as e:
             self.metrics.requests.labels(p.endpoint.value, "server_error").inc()
-            raise server_error(f"generation failed: {type(e).__name__}: {e}") from None
+            raise server_error(f"generation failed: {_cause(e)}") from None
         return whole_response(p.endpoint, p.header, totals, self._finish(p, totals, trace))
 
     async def _sse(self, p: PreparedRequest) -> AsyncIterator[str]:
@@ -236,7 +254,7 @@ class CompletionService:
         except Exception as e:
             outcome = "client_error" if isinstance(e, EngineRequestRejected) else "server_error"
             self.metrics.requests.labels(p.endpoint.value, outcome).inc()
-            err = bad_request(str(e)) if outcome == "client_error" else server_error(f"generation failed: {type(e).__name__}: {e}")
+            err = bad_request(_cause(e)) if outcome == "client_error" else server_error(f"generation failed: {_cause(e)}")
             yield sse.event(err.body())
             yield sse.DONE
             return

@@ -3,16 +3,35 @@ adapter imports its engine library lazily."""
 
 from __future__ import annotations
 
-from orchestrator.config import AppConfig, PoolConfig
+from collections.abc import Callable
+
+from orchestrator.config import AppConfig, PoolConfig, RoutingPolicy
 from orchestrator.engines.base import Engine, EngineRole
+from orchestrator.kv.events import KVEventBatch
+
+
+def publishes_kv_events(app: AppConfig) -> bool:
+    """Engines publish KV events exactly when the scheduler follows them."""
+    return app.routing.policy is RoutingPolicy.KV_AWARE and app.routing.kv_events
 
 
 def create_engine(app: AppConfig, pool: PoolConfig, role: EngineRole, host: str) -> Engine:
     if pool.engine.kind == "vllm":
         from orchestrator.engines.vllm_engine import VllmEngine
 
-        return VllmEngine(app.model, app.kv_cache, pool.engine, role, host, app.network)
+        return VllmEngine(app.model, app.kv_cache, pool.engine, role, host, app.network,
+                          publish_kv_events=publishes_kv_events(app))
     raise ValueError(f"unknown engine kind {pool.engine.kind!r}")
+
+
+def kv_event_decoder(engine_kind: str) -> Callable[[bytes, bytes], KVEventBatch]:
+    """The decoder of an engine kind's KV event messages: (sequence frame,
+    payload frame) -> batch; raises ValueError on garbage."""
+    if engine_kind == "vllm":
+        from orchestrator.engines.vllm_kv_events import decode_batch
+
+        return decode_batch
+    raise ValueError(f"engine kind {engine_kind!r} publishes no KV events this index reads")
 
 
 def process_env(app: AppConfig, pool: PoolConfig) -> dict[str, str]:

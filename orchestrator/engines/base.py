@@ -41,8 +41,10 @@ class EngineInfo:
     block_size: int
     max_model_len: int
     host: str
-    kv_events_endpoint: str | None = None
+    kv_events_endpoint: str | None = None  # ZMQ PUB of KV cache events; None: not published
+    kv_events_replay_endpoint: str | None = None  # ZMQ ROUTER serving missed batches by sequence number
     nixl_side_channel_port: int | None = None
+    kv_capacity_blocks: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -27,6 +27,7 @@ from orchestrator.engines.base import (
     EngineRole,
     EngineStats,
 )
+from orchestrator.engines.vllm_kv_events import events_config
 from orchestrator.engines.vllm_plugin import EXIT_WITH_PARENT_ENV, NIXL_PROGRESS_DELAY_ENV
 from orchestrator.requests import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
 
@@ -58,7 +59,6 @@ def process_env(engine: VllmEngineConfig, network: NetworkConfig) -> dict[str, s
         env[NIXL_PROGRESS_DELAY_ENV] = str(network.nixl_progress_delay_us)
     if engine.device is Device.CPU:
         env |= {
-            "VLLM_CPU_KVCACHE_SPACE": f"{engine.cpu.kv_cache_gib:g}",
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",
             "OMP_NUM_THREADS": str(engine.cpu.threads),
             "OMP_WAIT_POLICY": "PASSIVE",
@@ -148,6 +148,7 @@ class VllmEngine:
         role: EngineRole,
         host: str,
         network: NetworkConfig,
+        publish_kv_events: bool = False,
     ) -> None:
         self._model = model
         self._kv_cache = kv_cache
@@ -155,14 +156,15 @@ class VllmEngine:
         self._role = role
         self._host = host
         self._network = network
+        self._publish_kv_events = publish_kv_events
         self._stats = _StatsSink()
         self._llm: Any = None
         self._info: EngineInfo | None = None
 
     # -- life cycle -----------------------------------------------------------
 
-    def _engine_args(self):
-        from vllm.config import KVTransferConfig
+    def _engine_args(self, kv_events: dict[str, Any] | None):
+        from vllm.config import KVEventsConfig, KVTransferConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
 
         cfg = self._engine_cfg
@@ -177,6 +179,8 @@ class VllmEngine:
         optional = {
             "max_num_seqs": cfg.max_num_seqs,
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
+            # On CPU the KV cache is sized in bytes, not as a share of device memory.
+            "kv_cache_memory_bytes": int(cfg.cpu.kv_cache_gib * 2**30) if cfg.device is Device.CPU else None,
         }
         return AsyncEngineArgs(
             model=self._model.weights_source,
@@ -191,6 +195,7 @@ class VllmEngine:
             gpu_memory_utilization=cfg.gpu_memory_utilization,
             enforce_eager=cfg.enforce_eager,
             kv_transfer_config=kv_transfer,
+            kv_events_config=KVEventsConfig(**kv_events) if kv_events else None,
             **{k: v for k, v in optional.items() if v is not None},
             **cfg.engine_args,
         )
@@ -199,6 +204,8 @@ class VllmEngine:
         import vllm
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        # The node address vLLM binds its own sockets to (KV events among them).
+        os.environ["VLLM_HOST_IP"] = self._host
         nixl_port = None
         if self._role is not EngineRole.AGGREGATED:
             # Read by the connector in the engine-core process, which inherits
@@ -206,7 +213,7 @@ class VllmEngine:
             nixl_port = free_port(self._host)
             os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self._host
             os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(nixl_port)
-        args = self._engine_args()
+        args = self._engine_args(events_config(topic="kv") if self._publish_kv_events else None)
         # Creating the engine blocks for the whole model load; keep the loop free.
         # Its output handler starts on this loop at the first request.
         self._llm = await asyncio.to_thread(
@@ -214,6 +221,7 @@ class VllmEngine:
         )
         kv_transfer_config = self._llm.vllm_config.kv_transfer_config
         engine_id = kv_transfer_config.engine_id if kv_transfer_config is not None else str(uuid.uuid4())
+        publisher = self._llm.get_kv_event_sources().get(0)  # as bound, by data-parallel rank
         self._info = EngineInfo(
             role=self._role,
             engine_kind=ENGINE_KIND,
@@ -223,7 +231,10 @@ class VllmEngine:
             block_size=self._kv_cache.block_size,
             max_model_len=self._model.max_model_len,
             host=self._host,
+            kv_events_endpoint=publisher.endpoint if publisher else None,
+            kv_events_replay_endpoint=publisher.replay_endpoint if publisher else None,
             nixl_side_channel_port=nixl_port,
+            kv_capacity_blocks=self._llm.vllm_config.cache_config.num_gpu_blocks,
         )
         return self._info
 

@@ -17,6 +17,16 @@ class RouteKind(str, enum.Enum):
     AGGREGATED = "aggregated"  # no prefill pool configured
 
 
+class RouteReason(str, enum.Enum):
+    """Why a disaggregated application prefilled where it did."""
+
+    DISAGGREGATED = "disaggregated"  # long enough uncached prompt, prefill pool available
+    SHORT_UNCACHED = "short_uncached"  # few uncached tokens on the decode replica: cheaper locally
+    NO_PREFILL_REPLICA = "no_prefill_replica"  # prefill pool empty (scaling, dead, starting)
+    PREFILL_SATURATED = "prefill_saturated"  # prefill pool's queue beyond its limit
+    AGGREGATED = "aggregated"
+
+
 @dataclass(frozen=True)
 class RouteDecision:
     kind: RouteKind
@@ -24,6 +34,10 @@ class RouteDecision:
     # (used when the pool has not reported its replicas yet).
     decode_replica: str | None
     prefill_replica: str | None = None
+    reason: RouteReason | None = None
+    # Prompt tokens the scheduler expects the prefilling replica (prefill
+    # replica if remote, else decode replica) to find in its prefix cache.
+    predicted_cached_tokens: int = 0
 
     @property
     def remote_prefill(self) -> bool:
@@ -39,6 +53,11 @@ class Scheduler(Protocol):
     ) -> RouteDecision:
         """Choose where `request` runs. `prefill_replicas` is None when the
         application has no prefill pool (aggregated serving)."""
+        ...
+
+    def on_prefill_done(self, request_id: str) -> None:
+        """The request's prompt is computed (remote prefill returned, or the
+        decode replica produced its first token)."""
         ...
 
     def on_request_finished(self, request_id: str) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from orchestrator.pools import ReplicaView
 from orchestrator.requests import EngineRequest
-from orchestrator.routing.base import RouteDecision, RouteKind
+from orchestrator.routing.base import RouteDecision, RouteKind, RouteReason
 
 
 class _Cursor:
@@ -39,10 +39,14 @@ class RoundRobinScheduler:
     ) -> RouteDecision:
         decode = self._decode.pick(decode_replicas)
         if prefill_replicas is None:
-            return RouteDecision(RouteKind.AGGREGATED, decode_replica=decode)
+            return RouteDecision(RouteKind.AGGREGATED, decode_replica=decode, reason=RouteReason.AGGREGATED)
         if not prefill_replicas:
-            return RouteDecision(RouteKind.LOCAL_PREFILL, decode_replica=decode)
-        return RouteDecision(RouteKind.REMOTE_PREFILL, decode_replica=decode, prefill_replica=self._prefill.pick(prefill_replicas))
+            return RouteDecision(RouteKind.LOCAL_PREFILL, decode_replica=decode, reason=RouteReason.NO_PREFILL_REPLICA)
+        return RouteDecision(RouteKind.REMOTE_PREFILL, decode_replica=decode,
+                             prefill_replica=self._prefill.pick(prefill_replicas), reason=RouteReason.DISAGGREGATED)
+
+    def on_prefill_done(self, request_id: str) -> None:
+        pass
 
     def on_request_finished(self, request_id: str) -> None:
         pass

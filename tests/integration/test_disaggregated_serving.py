@@ -72,14 +72,15 @@ def test_greedy_chat_disaggregated_equals_aggregated(apps, stream):
 
 
 def test_decode_engine_pulls_the_prompt_kv_instead_of_computing_it(apps):
-    prompt = token_prompt(300, seed=4242)  # unique: no prefix-cache hits anywhere
+    # Unique (no prefix-cache hits anywhere) and longer than the config's local-prefill limit.
+    prompt = token_prompt(700, seed=4242)
     decode_before = apps.settled_engine_stats("disagg", "decode_pool")
     prefill_before = apps.settled_engine_stats("disagg", "prefill_pool")
     handoffs_before = apps.metric("disagg", "orchestrator_kv_handoffs_total")
 
     r = apps.post("disagg", "/v1/completions", {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0})
     assert r.status_code == 200
-    assert r.json()["usage"]["prompt_tokens"] == 300
+    assert r.json()["usage"]["prompt_tokens"] == 700
 
     decode_after = apps.settled_engine_stats("disagg", "decode_pool")
     prefill_after = apps.settled_engine_stats("disagg", "prefill_pool")
@@ -87,10 +88,10 @@ def test_decode_engine_pulls_the_prompt_kv_instead_of_computing_it(apps):
     assert delta["kv_transfers_total"] == 1 and delta["kv_transfer_bytes_total"] > 0
     assert delta["kv_transfer_failures_total"] == 0
     # The decode engine took the prompt from the transfer and computed (almost) none of it.
-    assert delta["prompt_tokens_transferred_total"] >= 300 - 32
+    assert delta["prompt_tokens_transferred_total"] >= 700 - 32
     assert delta["prompt_tokens_computed_total"] < 32
     # The prefill engine computed the whole prompt.
-    assert prefill_after["prompt_tokens_computed_total"] - prefill_before["prompt_tokens_computed_total"] == 300
+    assert prefill_after["prompt_tokens_computed_total"] - prefill_before["prompt_tokens_computed_total"] == 700
     assert apps.metric("disagg", "orchestrator_kv_handoffs_total") == handoffs_before + 1
     assert apps.metric("disagg", "orchestrator_pool_replicas", {"pool": "prefill_pool"}) == 1
 
@@ -140,7 +141,7 @@ def test_client_disconnect_aborts_the_request_in_the_engine(apps):
 def test_models_health_and_metrics(apps):
     assert apps.http.get(apps.url("disagg", "/v1/models")).json()["data"][0]["id"] == MODEL
     health = apps.http.get(apps.url("disagg", "/health")).json()
-    assert health["mode"] == "disaggregated" and health["replicas"] == {"decode_pool": 1, "prefill_pool": 1}
+    assert health["mode"] == "disaggregated" and health["replicas"] == {"decode_pool": 2, "prefill_pool": 1}
     assert apps.http.get(apps.url("agg", "/health")).json()["mode"] == "aggregated"
     metrics = apps.http.get(apps.url("disagg", "/metrics")).text
     for name in ("orchestrator_time_to_first_token_seconds_bucket", "orchestrator_inter_token_latency_seconds_bucket",

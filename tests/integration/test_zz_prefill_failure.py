@@ -21,10 +21,9 @@ def _prefill_replica_actors() -> list[str]:
             if a["name"].startswith("SERVE_REPLICA::disagg#prefill_pool#")]
 
 
-def _replica_process(pool: str) -> psutil.Process:
-    (replica,) = [p for p in psutil.process_iter(["cmdline"])
-                  if (p.info["cmdline"] or [""])[0].startswith(f"ray::ServeReplica:disagg:{pool}")]
-    return replica
+def _replica_process(pool: str) -> list[psutil.Process]:
+    return [p for p in psutil.process_iter(["cmdline"])
+            if (p.info["cmdline"] or [""])[0].startswith(f"ray::ServeReplica:disagg:{pool}")]
 
 
 def _wait_gone(processes: list[psutil.Process], timeout_s: float = 20) -> None:
@@ -35,12 +34,14 @@ def _wait_gone(processes: list[psutil.Process], timeout_s: float = 20) -> None:
 
 
 def test_dead_prefill_replica_falls_back_to_local_prefill(apps):
-    body = {"model": MODEL, "prompt": text_prompt(200, seed=77), "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    # Long enough that the scheduler sends it to the prefill pool.
+    body = {"model": MODEL, "prompt": text_prompt(700, seed=77), "max_tokens": 16, "temperature": 0, "ignore_eos": True}
     expected = completion_text(apps, "agg", body)
     fallbacks_before = apps.metric("disagg", "orchestrator_prefill_fallbacks_total")
 
     (name,) = _prefill_replica_actors()
-    engine_processes = _replica_process("prefill_pool").children(recursive=True)
+    (replica,) = _replica_process("prefill_pool")
+    engine_processes = replica.children(recursive=True)
     assert engine_processes, "a vLLM replica runs its engine in child processes"
     ray.kill(ray.get_actor(name, namespace="serve"), no_restart=True)
 
@@ -53,7 +54,7 @@ def test_dead_prefill_replica_falls_back_to_local_prefill(apps):
 def test_a_crashed_engine_core_takes_its_workers_with_it(apps):
     """The engine core dies (OOM killer, segfault): its worker processes must not
     linger holding memory and a NIXL progress thread."""
-    (engine_core,) = [p for p in _replica_process("decode_pool").children() if "EngineCore" in p.name()]
+    engine_core = [p for p in _replica_process("decode_pool")[0].children() if "EngineCore" in p.name()][0]
     workers = engine_core.children(recursive=True)
     assert workers
     engine_core.kill()

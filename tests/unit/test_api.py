@@ -43,7 +43,7 @@ def test_completion_runs_prefill_then_decode_with_the_transfer():
     assert decode.prompt_token_ids == prefill.prompt_token_ids
     assert decode.sampling.temperature == 0 and decode.sampling.max_tokens == 3
     assert fe.metric("orchestrator_kv_handoffs_total") == 1
-    assert fe.metric("orchestrator_route_decisions_total", {"kind": "remote_prefill"}) == 1
+    assert fe.metric("orchestrator_route_decisions_total", {"kind": "remote_prefill", "reason": "disaggregated"}) == 1
     assert fe.metric("orchestrator_requests_total", {"endpoint": "completions", "outcome": "success"}) == 1
     assert fe.metric("orchestrator_time_to_first_token_seconds_count") == 1
     assert fe.metric("orchestrator_inter_token_latency_seconds_count") == 2
@@ -63,7 +63,7 @@ def test_aggregated_mode_never_calls_a_prefill_pool():
     assert r.status_code == 200
     assert fe.decode.generates[0].kv_transfer is None
     assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    assert fe.metric("orchestrator_route_decisions_total", {"kind": "aggregated"}) == 1
+    assert fe.metric("orchestrator_route_decisions_total", {"kind": "aggregated", "reason": "aggregated"}) == 1
 
 
 def test_chat_renders_the_template_and_returns_a_message():
@@ -130,6 +130,8 @@ def test_streamed_chat_starts_with_the_role_and_ends_with_done():
         ({"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt"),
         ({"model": MODEL, "prompt": ""}, 400, "prompt"),
         ({"model": MODEL, "prompt": "a", "stop": [""]}, 400, "stop"),
+        ({"model": MODEL, "prompt": [5, 1000]}, 400, "prompt"),
+        ({"model": MODEL, "prompt": [-1]}, 400, "prompt"),
         ({"model": MODEL, "prompt": "a", "max_tokens": 64}, 400, "max_tokens"),
         ({"model": MODEL, "prompt": " ".join(["w"] * 64)}, 400, "prompt"),
     ],
@@ -206,7 +208,7 @@ def test_with_no_live_prefill_replica_the_decode_replica_prefills_at_once():
     r = run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "a b", "max_tokens": 1}))
     assert r.status_code == 200
     assert not fe.prefill.prefills and fe.decode.generates[0].kv_transfer is None
-    assert fe.metric("orchestrator_route_decisions_total", {"kind": "local_prefill"}) == 1
+    assert fe.metric("orchestrator_route_decisions_total", {"kind": "local_prefill", "reason": "no_prefill_replica"}) == 1
 
 
 def test_slow_prefill_times_out_and_falls_back():
@@ -225,6 +227,20 @@ def test_decode_failure_mid_stream_ends_the_stream_with_an_error_event():
     assert events[-2]["error"]["type"] == "server_error"
     assert events[-1] == "[DONE]"
     assert fe.metric("orchestrator_requests_total", {"endpoint": "completions", "outcome": "server_error"}) == 1
+
+
+def test_an_engine_rejection_is_a_400_with_the_engine_message_only():
+    from orchestrator.engines.base import EngineRequestRejected
+
+    class RemoteRejection(EngineRequestRejected):  # how a transport wraps a replica's exception
+        def __init__(self):
+            super().__init__("Traceback (most recent call last): ... long remote trace")
+            self.cause = EngineRequestRejected("prompt too long for the engine")
+
+    fe = make_frontend(decode=FakePool("decode_pool", generate_error_after=0))
+    fe.decode.generate_error = RemoteRejection()
+    r = run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 2}))
+    assert r.status_code == 400 and r.json()["error"]["message"] == "prompt too long for the engine"
 
 
 def test_decode_failure_without_streaming_is_a_500():

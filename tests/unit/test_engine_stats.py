@@ -44,7 +44,7 @@ def test_stats_and_info_survive_the_dict_round_trip():
 
 def test_cpu_engines_get_quiet_openmp_settings_and_gpu_engines_none():
     cpu = process_env(VllmEngineConfig(device="cpu", cpu={"kv_cache_gib": 2, "threads": 1}), NetworkConfig())
-    assert cpu["VLLM_CPU_KVCACHE_SPACE"] == "2" and cpu["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert cpu["OMP_WAIT_POLICY"] == "PASSIVE" and cpu["KMP_BLOCKTIME"] == "0"
     assert cpu["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and cpu["OMP_NUM_THREADS"] == "1"
     assert process_env(VllmEngineConfig(device="cuda"), NetworkConfig()) == {"ORCHESTRATOR_EXIT_WITH_PARENT": "1"}
 

@@ -1,0 +1,93 @@
+"""vLLM's KV event wire format (vLLM 0.32, `vllm.distributed.kv_events`),
+decoded into the index's own event types without importing vLLM.
+
+A ZMQ message is (topic, 8-byte big-endian sequence number, msgpack payload);
+the payload is a `KVEventBatch` encoded array-like as [ts, events, dp_rank],
+each event a map tagged by its class name under "type". Events of kinds this
+index does not use, or for KV groups other than the first, are skipped; a
+payload that does not decode raises `MalformedEvents`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from orchestrator.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+
+
+class MalformedEvents(ValueError):
+    pass
+
+
+class _BlockStored(msgspec.Struct, tag="BlockStored"):
+    block_hashes: list[int | bytes]
+    parent_block_hash: int | bytes | None
+    token_ids: list[int]
+    block_size: int
+    group_idx: int | None = None
+
+
+class _BlockRemoved(msgspec.Struct, tag="BlockRemoved"):
+    block_hashes: list[int | bytes]
+    group_idx: int | None = None
+
+
+class _AllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared"):
+    pass
+
+
+class _Batch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[msgspec.Raw]
+    data_parallel_rank: int | None = None
+
+
+_batch_decoder = msgspec.msgpack.Decoder(_Batch)
+_event_decoder = msgspec.msgpack.Decoder(_BlockStored | _BlockRemoved | _AllBlocksCleared)
+
+
+def _translate(event: Any) -> KVEvent | None:
+    if getattr(event, "group_idx", None) not in (None, 0):
+        return None
+    if isinstance(event, _BlockStored):
+        return BlockStored(tuple(event.block_hashes), event.parent_block_hash, tuple(event.token_ids), event.block_size)
+    if isinstance(event, _BlockRemoved):
+        return BlockRemoved(tuple(event.block_hashes))
+    return AllBlocksCleared()
+
+
+def decode_batch(seq_bytes: bytes, payload: bytes) -> KVEventBatch:
+    try:
+        seq = int.from_bytes(seq_bytes, "big", signed=True)
+        batch = _batch_decoder.decode(payload)
+    except (msgspec.DecodeError, ValueError, TypeError) as e:
+        raise MalformedEvents(f"undecodable KV event batch: {e}") from e
+    events = []
+    for raw in batch.events:
+        try:
+            event = _translate(_event_decoder.decode(raw))
+        except msgspec.DecodeError:
+            continue  # an event kind the index does not use
+        if event is not None:
+            events.append(event)
+    return KVEventBatch(seq=seq, ts=batch.ts, events=tuple(events))
+
+
+# vLLM binds `tcp://*:0` to its node address (VLLM_HOST_IP), not to every
+# interface, on a port the OS picks; `AsyncLLM.get_kv_event_sources()` then
+# reports the endpoints it bound. (A host:port without `*` would make vLLM's
+# PUB socket *connect* there instead of binding.)
+BIND_NODE_ADDRESS = "tcp://*:0"
+
+
+def events_config(topic: str) -> dict[str, Any]:
+    """vLLM `kv_events_config` for a publisher and a replay socket on the node address."""
+    return {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": BIND_NODE_ADDRESS,
+        "replay_endpoint": BIND_NODE_ADDRESS,
+        "topic": topic,
+    }

@@ -1,0 +1,1 @@
+"""Where prompts' KV blocks live: routing hashes, KV events, the index."""

@@ -1,0 +1,135 @@
+"""KV-locality scheduler: route by where the prompt's blocks live and by load,
+and decide per request whether to disaggregate.
+
+    hashes   = block hashes of the prompt
+    overlaps = index.overlaps(hashes)                  # leading blocks per replica
+    decode   = cheapest decode replica                 # overlap credit vs load
+    if no prefill pool               -> aggregated on `decode`
+    elif uncached on decode <= T     -> local prefill on `decode`   (conditional disaggregation)
+    elif no prefill replica          -> local prefill
+    elif prefill pool saturated      -> local prefill
+    else prefill = cheapest prefill replica -> remote prefill, KV to `decode`
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+
+from orchestrator.config import RoutingConfig
+from orchestrator.kv.hashing import block_hashes
+from orchestrator.kv.index import KVIndex
+from orchestrator.pools import ReplicaView
+from orchestrator.requests import EngineRequest
+from orchestrator.routing.base import RouteDecision, RouteKind, RouteReason
+from orchestrator.routing.cost import ReplicaLoad, pick, replica_cost
+from orchestrator.routing.load import InflightLoad
+from orchestrator.routing.route_memory import RouteMemory
+
+
+class KvAwareScheduler:
+    def __init__(
+        self,
+        config: RoutingConfig,
+        block_size: int,
+        index: KVIndex | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config = config
+        self.block_size = block_size
+        self.index = index if index is not None else KVIndex()
+        self.load = InflightLoad()
+        ttl = config.event_lag_ttl_s if config.kv_events else config.approximate_ttl_s
+        self.memory = RouteMemory(self.index, ttl, clock)
+        self.rng = rng or random.Random()
+
+    # -- the decision -----------------------------------------------------------
+
+    def route_request(
+        self,
+        request: EngineRequest,
+        prefill_replicas: Sequence[ReplicaView] | None,
+        decode_replicas: Sequence[ReplicaView],
+    ) -> RouteDecision:
+        self.memory.expire()
+        hashes = block_hashes(request.prompt_token_ids, self.block_size)
+        overlaps = self.index.overlaps(hashes)
+        decode = self._cheapest(decode_replicas, len(hashes), overlaps)
+        decision = self._decide(request, hashes, overlaps, decode, prefill_replicas)
+        self._account(request, hashes, decision)
+        return decision
+
+    def _decide(self, request: EngineRequest, hashes: list[int], overlaps: dict[str, int],
+                decode: str | None, prefill_replicas: Sequence[ReplicaView] | None) -> RouteDecision:
+        decode_cached = self._cached_tokens(request, overlaps.get(decode, 0)) if decode else 0
+        local = dict(decode_replica=decode, predicted_cached_tokens=decode_cached)
+        if prefill_replicas is None:
+            return RouteDecision(RouteKind.AGGREGATED, reason=RouteReason.AGGREGATED, **local)
+        uncached_on_decode = len(request.prompt_token_ids) - decode_cached
+        if uncached_on_decode <= self.config.local_prefill_max_tokens:
+            return RouteDecision(RouteKind.LOCAL_PREFILL, reason=RouteReason.SHORT_UNCACHED, **local)
+        if not prefill_replicas:
+            return RouteDecision(RouteKind.LOCAL_PREFILL, reason=RouteReason.NO_PREFILL_REPLICA, **local)
+        if self._prefill_saturated(prefill_replicas):
+            return RouteDecision(RouteKind.LOCAL_PREFILL, reason=RouteReason.PREFILL_SATURATED, **local)
+        prefill = self._cheapest(prefill_replicas, len(hashes), overlaps, with_decode_load=False)
+        return RouteDecision(
+            RouteKind.REMOTE_PREFILL, decode_replica=decode, prefill_replica=prefill,
+            reason=RouteReason.DISAGGREGATED,
+            predicted_cached_tokens=self._cached_tokens(request, overlaps.get(prefill, 0)),
+        )
+
+    def _cached_tokens(self, request: EngineRequest, overlap_blocks: int) -> int:
+        # The engine always computes at least the last prompt token.
+        return min(overlap_blocks * self.block_size, len(request.prompt_token_ids) - 1)
+
+    def _prefill_saturated(self, prefill_replicas: Sequence[ReplicaView]) -> bool:
+        limit = self.config.max_prefill_queue_tokens
+        if limit is None:
+            return False
+        least = min(self.load.prefill_blocks(v.replica_id) for v in prefill_replicas)
+        return least * self.block_size > limit
+
+    # -- costs -------------------------------------------------------------------
+
+    def replica_load(self, view: ReplicaView, overlaps: dict[str, int], with_decode_load: bool = True) -> ReplicaLoad:
+        decode_blocks = 0.0
+        if with_decode_load:
+            decode_blocks = float(self.load.decode_blocks(view.replica_id))
+            if view.stats is not None and view.info is not None and view.info.kv_capacity_blocks:
+                decode_blocks = max(decode_blocks, view.stats.kv_cache_usage * view.info.kv_capacity_blocks)
+        return ReplicaLoad(
+            replica_id=view.replica_id,
+            overlap_blocks=overlaps.get(view.replica_id, 0),
+            queued_prefill_blocks=self.load.prefill_blocks(view.replica_id),
+            decode_blocks=decode_blocks,
+        )
+
+    def _cheapest(self, views: Sequence[ReplicaView], prompt_blocks: int, overlaps: dict[str, int],
+                  with_decode_load: bool = True) -> str | None:
+        if not views:
+            return None
+        costs = [
+            (v.replica_id, replica_cost(prompt_blocks, self.replica_load(v, overlaps, with_decode_load),
+                                        self.config.prefill_weight))
+            for v in views
+        ]
+        return pick(costs, self.config.temperature, self.rng)
+
+    # -- bookkeeping -----------------------------------------------------------------
+
+    def _account(self, request: EngineRequest, hashes: list[int], decision: RouteDecision) -> None:
+        blocks = len(hashes)
+        prefiller = decision.prefill_replica if decision.remote_prefill else decision.decode_replica
+        uncached_blocks = max(blocks - decision.predicted_cached_tokens // self.block_size, 0)
+        self.load.routed(request.request_id, prefiller, uncached_blocks, decision.decode_replica, blocks + 1)
+        for replica in {decision.decode_replica, prefiller} - {None}:
+            self.memory.remember(replica, hashes)
+
+    def on_prefill_done(self, request_id: str) -> None:
+        self.load.prefilled(request_id)
+
+    def on_request_finished(self, request_id: str) -> None:
+        self.load.finished(request_id)

@@ -1,0 +1,194 @@
+"""KV-aware scheduling with plain data: index contents and replica reports in,
+routes out."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from orchestrator.config import RoutingConfig
+from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats
+from orchestrator.kv.events import BlockStored
+from orchestrator.kv.hashing import block_hashes
+from orchestrator.pools import ReplicaView
+from orchestrator.requests import EngineRequest, SamplingSpec
+from orchestrator.routing.base import RouteKind, RouteReason
+from orchestrator.routing.cost import ReplicaLoad, pick, replica_cost
+from orchestrator.routing.kv_scheduler import KvAwareScheduler
+
+BS = 16
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def prompt(n, seed=0):
+    rng = random.Random(seed)
+    return tuple(rng.randrange(1, 500) for _ in range(n))
+
+
+def request(tokens, rid="r"):
+    return EngineRequest(rid, tuple(tokens), SamplingSpec(max_tokens=8))
+
+
+def views(*ids, capacity=None, usage=None):
+    info = EngineInfo(EngineRole.DECODE, "vllm", "x", "e", "m", BS, 4096, "h", kv_capacity_blocks=capacity)
+    return [ReplicaView(i, info=info, stats=EngineStats(kv_cache_usage=usage.get(i, 0.0)) if usage else None)
+            for i in ids]
+
+
+def scheduler(clock=None, **routing):
+    return KvAwareScheduler(RoutingConfig(**routing), BS, clock=clock or Clock(), rng=random.Random(0))
+
+
+def hold(sched, replica, tokens):
+    """The replica's engine reports the prompt's full blocks as stored."""
+    n = len(tokens) // BS
+    sched.index.apply(replica, [BlockStored(tuple(f"{replica}-{i}" for i in range(n)), None, tuple(tokens[: n * BS]), BS)])
+
+
+# -- the cost function, hand-computed ------------------------------------------------
+
+
+def test_cost_is_weighted_uncached_and_queued_blocks_plus_decode_load():
+    load = ReplicaLoad("a", overlap_blocks=6, queued_prefill_blocks=3, decode_blocks=20)
+    assert replica_cost(10, load, prefill_weight=1.0) == (10 - 6 + 3) + 20
+    assert replica_cost(10, load, prefill_weight=2.5) == 2.5 * 7 + 20
+    assert replica_cost(4, ReplicaLoad("b", overlap_blocks=9), 1.0) == 0  # overlap beyond the prompt never goes negative
+
+
+def test_pick_takes_the_cheapest_and_softmax_spreads_close_costs():
+    rng = random.Random(1)
+    assert pick([("a", 5.0), ("b", 2.0), ("c", 9.0)], 0.0, rng) == "b"
+    draws = [pick([("a", 1.0), ("b", 1.1)], 1.0, rng) for _ in range(400)]
+    assert 100 < draws.count("a") < 300
+    assert {pick([("a", 0.0), ("b", 100.0)], 0.01, rng) for _ in range(50)} == {"a"}
+
+
+# -- locality and load --------------------------------------------------------------------
+
+
+def test_a_shared_prefix_goes_where_its_blocks_live():
+    s = scheduler(local_prefill_max_tokens=10_000)
+    shared = prompt(160)
+    hold(s, "d1", shared)
+    route = s.route_request(request(shared + prompt(20, seed=5)), [], views("d0", "d1", "d2"))
+    assert route.decode_replica == "d1"
+    assert route.predicted_cached_tokens == 160
+
+
+def test_load_outweighs_a_small_overlap():
+    s = scheduler(local_prefill_max_tokens=10_000)
+    shared = prompt(32)  # 2 blocks
+    hold(s, "d1", shared)
+    # d1's engine reports 50% of 100 blocks in use: 50 blocks of decode load > 2 blocks of credit.
+    route = s.route_request(request(shared + prompt(64, seed=3)), [], views("d0", "d1", capacity=100, usage={"d1": 0.5}))
+    assert route.decode_replica == "d0"
+
+
+def test_a_burst_spreads_by_in_flight_load_then_drains():
+    s = scheduler(local_prefill_max_tokens=10_000, event_lag_ttl_s=0)
+    routes = [s.route_request(request(prompt(64, seed=i), rid=f"q{i}"), [], views("d0", "d1")) for i in range(4)]
+    assert sorted(r.decode_replica for r in routes) == ["d0", "d0", "d1", "d1"]
+    for i in range(4):
+        s.on_request_finished(f"q{i}")
+    assert s.load.in_flight() == 0 and s.load.decode_blocks("d0") == 0 and s.load.prefill_blocks("d1") == 0
+
+
+def test_a_prefix_routed_moments_ago_is_found_before_its_events_arrive():
+    s = scheduler(local_prefill_max_tokens=10_000, event_lag_ttl_s=5)
+    shared = prompt(320)
+    first = s.route_request(request(shared + prompt(16, seed=1), rid="a"), [], views("d0", "d1"))
+    s.on_request_finished("a")
+    second = s.route_request(request(shared + prompt(16, seed=2), rid="b"), [], views("d0", "d1"))
+    assert second.decode_replica == first.decode_replica
+    assert second.predicted_cached_tokens == 320
+
+
+# -- conditional disaggregation --------------------------------------------------------------
+
+
+def test_long_uncached_prompts_are_disaggregated_to_the_least_loaded_prefill_replica():
+    s = scheduler(local_prefill_max_tokens=128)
+    route = s.route_request(request(prompt(400)), views("p0", "p1"), views("d0"))
+    assert route.kind is RouteKind.REMOTE_PREFILL and route.reason is RouteReason.DISAGGREGATED
+    other = s.route_request(request(prompt(400, seed=2), rid="r2"), views("p0", "p1"), views("d0"))
+    assert {route.prefill_replica, other.prefill_replica} == {"p0", "p1"}  # the first one's work is queued
+
+
+def test_short_or_mostly_cached_prompts_prefill_on_the_decode_replica():
+    s = scheduler(local_prefill_max_tokens=128)
+    short = s.route_request(request(prompt(100)), views("p0"), views("d0"))
+    assert short.kind is RouteKind.LOCAL_PREFILL and short.reason is RouteReason.SHORT_UNCACHED
+    cached = prompt(480)
+    hold(s, "d0", cached)
+    long_but_cached = s.route_request(request(cached + prompt(40, seed=7), rid="r2"), views("p0"), views("d0"))
+    assert long_but_cached.kind is RouteKind.LOCAL_PREFILL
+    assert long_but_cached.predicted_cached_tokens == 480
+
+
+def test_prefix_on_a_prefill_replica_picks_that_prefill_replica():
+    s = scheduler(local_prefill_max_tokens=0)
+    shared = prompt(320)
+    hold(s, "p1", shared)
+    route = s.route_request(request(shared + prompt(32, seed=4)), views("p0", "p1"), views("d0"))
+    assert route.prefill_replica == "p1" and route.predicted_cached_tokens == 320
+
+
+def test_a_saturated_prefill_pool_sends_work_to_decode_replicas():
+    s = scheduler(local_prefill_max_tokens=0, max_prefill_queue_tokens=300)
+    first = s.route_request(request(prompt(400), rid="a"), views("p0"), views("d0"))
+    assert first.kind is RouteKind.REMOTE_PREFILL
+    second = s.route_request(request(prompt(400, seed=1), rid="b"), views("p0"), views("d0"))
+    assert second.kind is RouteKind.LOCAL_PREFILL and second.reason is RouteReason.PREFILL_SATURATED
+    s.on_prefill_done("a")
+    third = s.route_request(request(prompt(400, seed=2), rid="c"), views("p0"), views("d0"))
+    assert third.kind is RouteKind.REMOTE_PREFILL
+
+
+def test_no_prefill_pool_means_aggregated_and_an_empty_one_means_local():
+    s = scheduler()
+    assert s.route_request(request(prompt(900)), None, views("d0")).kind is RouteKind.AGGREGATED
+    empty = s.route_request(request(prompt(900, seed=3), rid="x"), [], views("d0"))
+    assert empty.kind is RouteKind.LOCAL_PREFILL and empty.reason is RouteReason.NO_PREFILL_REPLICA
+
+
+def test_no_decode_replica_known_yet_leaves_the_choice_to_serve():
+    route = scheduler().route_request(request(prompt(50)), None, [])
+    assert route.decode_replica is None
+
+
+# -- approximate mode ------------------------------------------------------------------------------
+
+
+def test_approximate_mode_remembers_routes_until_their_ttl():
+    clock = Clock()
+    s = scheduler(clock=clock, kv_events=False, approximate_ttl_s=60, local_prefill_max_tokens=10_000)
+    shared = prompt(320)
+    first = s.route_request(request(shared + prompt(16, seed=1), rid="a"), [], views("d0", "d1", "d2"))
+    s.on_request_finished("a")
+    clock.now = 59
+    again = s.route_request(request(shared + prompt(16, seed=2), rid="b"), [], views("d0", "d1", "d2"))
+    assert again.decode_replica == first.decode_replica and again.predicted_cached_tokens == 320
+    s.on_request_finished("b")
+    clock.now = 200
+    later = s.route_request(request(shared, rid="c"), [], views("d0", "d1", "d2"))
+    assert later.predicted_cached_tokens == 0
+    assert s.index.num_blocks() == 20  # only the newest route is remembered
+
+
+@pytest.mark.parametrize("kv_events, ttl_field", [(True, "event_lag_ttl_s"), (False, "approximate_ttl_s")])
+def test_memory_ttl_follows_the_mode(kv_events, ttl_field):
+    clock = Clock()
+    s = scheduler(clock=clock, kv_events=kv_events, **{ttl_field: 10}, local_prefill_max_tokens=10_000)
+    s.route_request(request(prompt(64)), [], views("d0"))
+    assert s.index.num_blocks() == 4
+    clock.now = 11
+    s.memory.expire()
+    assert s.index.num_blocks() == 0
