@@ -22,15 +22,15 @@ class MalformedEvents(ValueError):
 
 
 class _BlockStored(msgspec.Struct, tag="BlockStored"):
-    block_hashes: list[int | bytes]
+    block_hashes: tuple[int | bytes, ...]
     parent_block_hash: int | bytes | None
-    token_ids: list[int]
+    token_ids: tuple[int, ...]
     block_size: int
     group_idx: int | None = None
 
 
 class _BlockRemoved(msgspec.Struct, tag="BlockRemoved"):
-    block_hashes: list[int | bytes]
+    block_hashes: tuple[int | bytes, ...]
     group_idx: int | None = None
 
 
@@ -38,41 +38,60 @@ class _AllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared"):
     pass
 
 
+_Event = _BlockStored | _BlockRemoved | _AllBlocksCleared
+
+
 class _Batch(msgspec.Struct, array_like=True):
+    ts: float
+    events: list[_Event]
+    data_parallel_rank: int | None = None
+
+
+class _RawBatch(msgspec.Struct, array_like=True):
     ts: float
     events: list[msgspec.Raw]
     data_parallel_rank: int | None = None
 
 
 _batch_decoder = msgspec.msgpack.Decoder(_Batch)
-_event_decoder = msgspec.msgpack.Decoder(_BlockStored | _BlockRemoved | _AllBlocksCleared)
+_raw_batch_decoder = msgspec.msgpack.Decoder(_RawBatch)
+_event_decoder = msgspec.msgpack.Decoder(_Event)
 
 
 def _translate(event: Any) -> KVEvent | None:
-    if getattr(event, "group_idx", None) not in (None, 0):
-        return None
-    if isinstance(event, _BlockStored):
-        return BlockStored(tuple(event.block_hashes), event.parent_block_hash, tuple(event.token_ids), event.block_size)
-    if isinstance(event, _BlockRemoved):
-        return BlockRemoved(tuple(event.block_hashes))
+    if event.group_idx if type(event) is not _AllBlocksCleared else None:
+        return None  # a KV group other than the first
+    if type(event) is _BlockStored:
+        return BlockStored(event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size)
+    if type(event) is _BlockRemoved:
+        return BlockRemoved(event.block_hashes)
     return AllBlocksCleared()
+
+
+def _decode_event_by_event(payload: bytes) -> tuple[float, list[Any]]:
+    """Slow path for a batch holding an event kind we do not know: skip those."""
+    batch = _raw_batch_decoder.decode(payload)
+    events = []
+    for raw in batch.events:
+        try:
+            events.append(_event_decoder.decode(raw))
+        except msgspec.DecodeError:
+            continue
+    return batch.ts, events
 
 
 def decode_batch(seq_bytes: bytes, payload: bytes) -> KVEventBatch:
     try:
         seq = int.from_bytes(seq_bytes, "big", signed=True)
-        batch = _batch_decoder.decode(payload)
+        try:
+            batch = _batch_decoder.decode(payload)
+            ts, raw_events = batch.ts, batch.events
+        except msgspec.ValidationError:
+            ts, raw_events = _decode_event_by_event(payload)
     except (msgspec.DecodeError, ValueError, TypeError) as e:
         raise MalformedEvents(f"undecodable KV event batch: {e}") from e
-    events = []
-    for raw in batch.events:
-        try:
-            event = _translate(_event_decoder.decode(raw))
-        except msgspec.DecodeError:
-            continue  # an event kind the index does not use
-        if event is not None:
-            events.append(event)
-    return KVEventBatch(seq=seq, ts=batch.ts, events=tuple(events))
+    events = tuple(e for e in map(_translate, raw_events) if e is not None)
+    return KVEventBatch(seq=seq, ts=ts, events=events)
 
 
 # vLLM binds `tcp://*:0` to its node address (VLLM_HOST_IP), not to every

@@ -4,7 +4,8 @@ Invariants:
   * `_owners[h]` has bit `slot(r)` set  <=>  replica r holds block h
     (its refcount `_held[r][h]` > 0);
   * in event mode, `_engine_map[r]` maps each engine hash r reported as
-    stored (and not yet removed) to our routing hash;
+    stored (and not yet removed) to our routing hash, which is also what a
+    later block continuing from it chains onto;
   * a replica that leaves (scaled down, dead, restarted) takes all its
     blocks with it.
 Lookups answer "how many leading blocks of this prompt does each replica
@@ -125,27 +126,35 @@ class KVIndex:
     # -- engine events ----------------------------------------------------------
 
     def apply(self, replica_id: str, events: Iterable[KVEvent]) -> ApplyResult:
-        self.add_replica(replica_id)
+        # The hot path of event ingestion: store and remove are inlined here.
+        if replica_id not in self._slots:
+            self.add_replica(replica_id)
         result = ApplyResult()
         engine_map = self._engine_map[replica_id]
+        held = self._held[replica_id]
+        owners = self._owners
+        bit = 1 << self._slots[replica_id]
         for event in events:
-            if isinstance(event, BlockStored):
-                if event.parent_engine_hash is None:
-                    parent = ROOT_HASH
-                else:
-                    parent = engine_map.get(event.parent_engine_hash)
-                    if parent is None:
-                        result.orphaned += len(event.engine_hashes)
+            kind = type(event)
+            if kind is BlockStored:
+                parent_engine = event.parent_engine_hash
+                parent = ROOT_HASH if parent_engine is None else engine_map.get(parent_engine)
+                if parent is None:
+                    result.orphaned += len(event.engine_hashes)
+                    continue
+                for engine_hash, h in zip(event.engine_hashes, block_hashes(event.token_ids, event.block_size, parent)):
+                    if engine_hash in engine_map:
                         continue
-                ours = block_hashes(event.token_ids, event.block_size, parent)
-                fresh = [(e, h) for e, h in zip(event.engine_hashes, ours) if e not in engine_map]
-                engine_map.update(fresh)
-                self.store_hashes(replica_id, (h for _, h in fresh))
-                result.stored += len(fresh)
-            elif isinstance(event, BlockRemoved):
+                    engine_map[engine_hash] = h
+                    count = held.get(h, 0)
+                    if count == 0:
+                        owners[h] = owners.get(h, 0) | bit
+                    held[h] = count + 1
+                    result.stored += 1
+            elif kind is BlockRemoved:
                 gone = [engine_map.pop(e) for e in event.engine_hashes if e in engine_map]
                 result.removed += self.remove_hashes(replica_id, gone)
-            elif isinstance(event, AllBlocksCleared):
+            elif kind is AllBlocksCleared:
                 self.clear_replica(replica_id)
                 result.cleared = True
         return result

@@ -15,20 +15,12 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 
-@dataclass(frozen=True)
-class ReplicaLoad:
-    replica_id: str
-    overlap_blocks: int = 0
-    queued_prefill_blocks: int = 0
-    decode_blocks: float = 0.0
-
-
-def replica_cost(prompt_blocks: int, load: ReplicaLoad, prefill_weight: float) -> float:
-    uncached = max(prompt_blocks - load.overlap_blocks, 0)
-    return prefill_weight * (uncached + load.queued_prefill_blocks) + load.decode_blocks
+def replica_cost(prompt_blocks: int, overlap_blocks: int, queued_prefill_blocks: int, decode_blocks: float,
+                 prefill_weight: float) -> float:
+    uncached = prompt_blocks - overlap_blocks if prompt_blocks > overlap_blocks else 0
+    return prefill_weight * (uncached + queued_prefill_blocks) + decode_blocks
 
 
 def pick(costs: Sequence[tuple[str, float]], temperature: float, rng: random.Random) -> str:

@@ -23,7 +23,7 @@ from orchestrator.kv.index import KVIndex
 from orchestrator.pools import ReplicaView
 from orchestrator.requests import EngineRequest
 from orchestrator.routing.base import RouteDecision, RouteKind, RouteReason
-from orchestrator.routing.cost import ReplicaLoad, pick, replica_cost
+from orchestrator.routing.cost import pick, replica_cost
 from orchestrator.routing.load import InflightLoad
 from orchestrator.routing.route_memory import RouteMemory
 
@@ -94,26 +94,22 @@ class KvAwareScheduler:
 
     # -- costs -------------------------------------------------------------------
 
-    def replica_load(self, view: ReplicaView, overlaps: dict[str, int], with_decode_load: bool = True) -> ReplicaLoad:
-        decode_blocks = 0.0
-        if with_decode_load:
-            decode_blocks = float(self.load.decode_blocks(view.replica_id))
-            if view.stats is not None and view.info is not None and view.info.kv_capacity_blocks:
-                decode_blocks = max(decode_blocks, view.stats.kv_cache_usage * view.info.kv_capacity_blocks)
-        return ReplicaLoad(
-            replica_id=view.replica_id,
-            overlap_blocks=overlaps.get(view.replica_id, 0),
-            queued_prefill_blocks=self.load.prefill_blocks(view.replica_id),
-            decode_blocks=decode_blocks,
-        )
+    def decode_load(self, view: ReplicaView) -> float:
+        """Blocks of decode work on the replica: what this frontend sent it, or
+        what its engine last reported in use, whichever is larger."""
+        own = self.load.decode_blocks(view.replica_id)
+        if view.stats is not None and view.info is not None and view.info.kv_capacity_blocks:
+            return max(own, view.stats.kv_cache_usage * view.info.kv_capacity_blocks)
+        return own
 
     def _cheapest(self, views: Sequence[ReplicaView], prompt_blocks: int, overlaps: dict[str, int],
                   with_decode_load: bool = True) -> str | None:
         if not views:
             return None
+        weight, load = self.config.prefill_weight, self.load
         costs = [
-            (v.replica_id, replica_cost(prompt_blocks, self.replica_load(v, overlaps, with_decode_load),
-                                        self.config.prefill_weight))
+            (v.replica_id, replica_cost(prompt_blocks, overlaps.get(v.replica_id, 0), load.prefill_blocks(v.replica_id),
+                                        self.decode_load(v) if with_decode_load else 0.0, weight))
             for v in views
         ]
         return pick(costs, self.config.temperature, self.rng)

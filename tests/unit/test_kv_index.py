@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from orchestrator.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
-from orchestrator.kv.hashing import ROOT_HASH, block_contents, block_hashes, chain
+from orchestrator.kv.hashing import block_hashes
 from orchestrator.kv.index import KVIndex
 
 BS = 4
@@ -29,15 +29,19 @@ def test_hashes_cover_full_blocks_and_chain_prefixes():
     assert block_hashes(other, BS)[0] == hs[0] and block_hashes(other, BS)[1] != hs[1]
     # Same block content after a different prefix hashes differently.
     assert block_hashes([9, 9, 9, 9] + t[4:8], BS)[1] != hs[1]
-    assert chain(block_contents(t[4:8], BS), hs[0]) == hs[1:]
+    assert block_hashes(t[4:8], BS, parent=hs[0]) == hs[1:]
     assert block_hashes([], BS) == [] and block_hashes(t[:3], BS) == []
 
 
-def test_hashes_are_deterministic_and_accept_numpy_and_large_ids():
-    import numpy as np
+def test_hashes_are_the_same_in_every_process():
+    import subprocess
+    import sys
 
-    t = [0, 1, 2**31 - 1, 150_000] * 8
-    assert block_hashes(t, BS) == block_hashes(np.array(t), BS) == block_hashes(tuple(t), BS)
+    t = [0, 1, 2**31 - 1, 2**40, 150_000] * 8
+    code = f"from orchestrator.kv.hashing import block_hashes; print(block_hashes({t!r}, {BS}))"
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={"PYTHONHASHSEED": "12345", "PATH": ""}, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+    assert other.stdout.strip() == str(block_hashes(t, BS)) == str(block_hashes(tuple(t), BS))
     assert len(set(block_hashes(list(range(4000)), 32))) == 125
 
 

@@ -14,7 +14,7 @@ from orchestrator.kv.hashing import block_hashes
 from orchestrator.pools import ReplicaView
 from orchestrator.requests import EngineRequest, SamplingSpec
 from orchestrator.routing.base import RouteKind, RouteReason
-from orchestrator.routing.cost import ReplicaLoad, pick, replica_cost
+from orchestrator.routing.cost import pick, replica_cost
 from orchestrator.routing.kv_scheduler import KvAwareScheduler
 
 BS = 16
@@ -57,10 +57,10 @@ def hold(sched, replica, tokens):
 
 
 def test_cost_is_weighted_uncached_and_queued_blocks_plus_decode_load():
-    load = ReplicaLoad("a", overlap_blocks=6, queued_prefill_blocks=3, decode_blocks=20)
-    assert replica_cost(10, load, prefill_weight=1.0) == (10 - 6 + 3) + 20
-    assert replica_cost(10, load, prefill_weight=2.5) == 2.5 * 7 + 20
-    assert replica_cost(4, ReplicaLoad("b", overlap_blocks=9), 1.0) == 0  # overlap beyond the prompt never goes negative
+    # 10 prompt blocks, 6 cached there, 3 queued for prefill, 20 blocks decoding.
+    assert replica_cost(10, 6, 3, 20, prefill_weight=1.0) == (10 - 6 + 3) + 20
+    assert replica_cost(10, 6, 3, 20, prefill_weight=2.5) == 2.5 * 7 + 20
+    assert replica_cost(4, 9, 0, 0, 1.0) == 0  # overlap beyond the prompt never goes negative
 
 
 def test_pick_takes_the_cheapest_and_softmax_spreads_close_costs():

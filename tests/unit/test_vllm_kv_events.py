@@ -44,3 +44,10 @@ def test_garbage_is_reported_not_crashed_on():
         decode_batch((0).to_bytes(8, "big"), b"\xc1not msgpack")
     with pytest.raises(MalformedEvents):
         decode_batch((0).to_bytes(8, "big"), msgspec.msgpack.encode({"a": 1}))
+
+
+def test_a_batch_with_an_unknown_event_kind_keeps_the_known_ones():
+    encoder = msgspec.msgpack.Encoder()
+    stored = msgspec.msgpack.decode(encoder.encode(kv_events.BlockRemoved(block_hashes=[3], medium="GPU")))
+    payload = encoder.encode([2.0, [{"type": "BlockPinned", "block_hashes": [1]}, stored]])
+    assert decode_batch((1).to_bytes(8, "big"), payload).events == (BlockRemoved((3,)),)
