@@ -15,6 +15,7 @@ import httpx
 @dataclass
 class RequestRecord:
     ok: bool
+    start_s: float = 0.0  # perf_counter at send
     ttft_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
     e2e_s: float | None = None
@@ -31,11 +32,24 @@ def _content(event: dict[str, Any]) -> str:
     return (choice.get("delta") or {}).get("content") or ""
 
 
+async def _sse_lines(response: httpx.Response):
+    """Lines as SSE defines them (\\n, \\r\\n or \\r), unlike str.splitlines,
+    which also breaks at Unicode separators that may sit inside the JSON."""
+    buffer = ""
+    async for text in response.aiter_text():
+        buffer += text
+        *lines, buffer = buffer.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        for line in lines:
+            yield line
+    if buffer:
+        yield buffer
+
+
 async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> RequestRecord:
     """POST `body` with streaming and usage on; never raises for server errors."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
-    record = RequestRecord(ok=False)
+    record = RequestRecord(ok=False, start_s=start)
     last = None
     try:
         async with client.stream("POST", url, json=body) as r:
@@ -43,13 +57,17 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str,
                 record.error = f"http_{r.status_code}"
                 await r.aread()
                 return record
-            async for line in r.aiter_lines():
+            async for line in _sse_lines(r):
                 if not line.startswith("data: "):
                     continue
                 data = line[6:]
                 if data == "[DONE]":
                     break
-                event = json.loads(data)
+                try:
+                    event = json.loads(data)
+                except json.JSONDecodeError:
+                    record.error = "bad_event"
+                    return record
                 if "error" in event:
                     record.error = "stream_error"
                     return record

@@ -30,6 +30,12 @@ def _sample_request(args: argparse.Namespace) -> int:
     return run_sample_request(args.url, args.wait_s, args.prompt, args.max_tokens)
 
 
+def _bench(args: argparse.Namespace) -> int:
+    from harness.cli import run_bench
+
+    return run_bench(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="orchestrator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -41,6 +47,12 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check-config", help="validate a Serve config's application args and print them")
     p.add_argument("config")
     p.set_defaults(func=_check_config)
+
+    p = sub.add_parser("bench", help="benchmark an OpenAI-compatible server (sweep, rate, trace replay)")
+    from harness.cli import add_arguments
+
+    add_arguments(p)
+    p.set_defaults(func=_bench)
 
     p = sub.add_parser("sample-request", help="wait for a server to be ready, send one chat request, print it")
     p.add_argument("--url", default="http://127.0.0.1:8000")

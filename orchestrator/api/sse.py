@@ -7,10 +7,16 @@ from typing import Any
 
 DONE = "data: [DONE]\n\n"
 
+# JSON leaves these unescaped, but many line readers (Python's splitlines,
+# JavaScript) treat them as line breaks and would cut an event in two.
+_LINE_BREAKS_JSON_KEEPS = str.maketrans({"\u0085": "\\u0085", "\u2028": "\\u2028", "\u2029": "\\u2029"})
+
 
 def event(payload: dict[str, Any]) -> str:
-    """One SSE `data:` event. JSON never contains a raw newline, so one line suffices."""
-    return f"data: {json.dumps(payload, separators=(',', ':'), ensure_ascii=False)}\n\n"
+    """One SSE `data:` event on one line: JSON escapes control characters, and
+    the Unicode line separators it would keep are escaped here."""
+    data = json.dumps(payload, separators=(',', ':'), ensure_ascii=False).translate(_LINE_BREAKS_JSON_KEEPS)
+    return f"data: {data}\n\n"
 
 
 def parse_events(stream_text: str) -> list[dict[str, Any] | str]:

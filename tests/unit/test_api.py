@@ -292,3 +292,10 @@ def test_stop_and_sampling_fields_reach_the_engine_request():
 
 def test_finish_reason_values_are_openai_strings():
     assert {r.value for r in FinishReason} == {"stop", "length", "abort"}
+
+
+def test_sse_events_stay_on_one_line_whatever_the_text():
+    text = "a\u2028b\u2029c\u0085d\ne\rf"
+    line = sse.event({"choices": [{"text": text}]})
+    assert line.endswith("\n\n") and len(line[:-2].splitlines()) == 1
+    assert sse.parse_events(line) == [{"choices": [{"text": text}]}]

@@ -1,0 +1,170 @@
+"""Workloads: what each benchmark request asks for, with exact token lengths.
+
+Prompts are token ids, not text, so lengths are exact for the target
+tokenizer (sent as `prompt: [ids]` to /v1/completions, as vLLM's own
+benchmark does for random data). Every workload is deterministic for a seed.
+
+- synthetic: input/output lengths fixed or drawn from a distribution, a
+  fraction of each prompt taken from one of a few shared prefixes;
+- Mooncake conversation trace: each `hash_id` is one block of the original
+  512 tokens; equal ids at equal positions are shared prefixes. Blocks are
+  scaled down to `block_tokens` tokens (each id becomes a fixed random block
+  of that many tokens) and every length by the same factor, so the sharing
+  structure is preserved for a small model;
+- Azure 2023 conversation trace: lengths and arrival times only; prompts are
+  random tokens (no sharing).
+Trace workloads carry each request's arrival time (seconds from the start).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+# Ids below this are left out of random prompts (special tokens live there).
+FIRST_TOKEN_ID = 10
+MOONCAKE_BLOCK_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    prompt_token_ids: tuple[int, ...]
+    max_tokens: int
+    arrival_s: float | None = None  # trace replay: when to send, from the start
+
+
+@dataclass(frozen=True)
+class LengthDist:
+    """A length: fixed (`std` 0) or normal around `mean`, clipped to [min, max]."""
+
+    mean: int
+    std: float = 0.0
+    min: int = 1
+    max: int | None = None
+
+    def draw(self, rng: random.Random) -> int:
+        value = self.mean if self.std <= 0 else round(rng.gauss(self.mean, self.std))
+        return max(self.min, min(value, self.max if self.max is not None else value))
+
+
+@dataclass(frozen=True)
+class SyntheticWorkload:
+    isl: LengthDist
+    osl: LengthDist
+    vocab_size: int
+    shared_prefix_fraction: float = 0.0  # of each prompt, taken from a shared prefix
+    num_prefixes: int = 1
+    seed: int = 0
+    kind: Literal["synthetic"] = "synthetic"
+
+    def requests(self, n: int) -> list[RequestSpec]:
+        rng = random.Random(self.seed)
+        longest = self.isl.max or self.isl.mean * 4
+        prefixes = [_random_tokens(random.Random(f"prefix-{self.seed}-{i}"), longest, self.vocab_size)
+                    for i in range(self.num_prefixes)]
+        out = []
+        for _ in range(n):
+            isl = self.isl.draw(rng)
+            shared = min(int(isl * self.shared_prefix_fraction), len(prefixes[0]))
+            prefix = prefixes[rng.randrange(self.num_prefixes)][:shared] if shared else ()
+            out.append(RequestSpec(tuple(prefix) + _random_tokens(rng, isl - shared, self.vocab_size), self.osl.draw(rng)))
+        return out
+
+    def describe(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class MooncakeTrace:
+    path: str
+    vocab_size: int
+    block_tokens: int = 32  # tokens per hash id after scaling (512 in the original)
+    osl_scale: float | None = None  # default: the same factor as the prompt
+    max_osl: int | None = None
+    max_isl: int | None = None  # requests longer than this (after scaling) are skipped
+    kind: Literal["mooncake"] = "mooncake"
+
+    @property
+    def scale(self) -> float:
+        return self.block_tokens / MOONCAKE_BLOCK_TOKENS
+
+    def block(self, hash_id: int) -> tuple[int, ...]:
+        return _random_tokens(random.Random(f"mooncake-{hash_id}"), self.block_tokens, self.vocab_size)
+
+    def requests(self, n: int | None = None) -> list[RequestSpec]:
+        out = []
+        osl_scale = self.scale if self.osl_scale is None else self.osl_scale
+        with open(self.path) as f:
+            for line in f:
+                if n is not None and len(out) >= n:
+                    break
+                row = json.loads(line)
+                hash_ids = row["hash_ids"]
+                isl = max(1, min(math.ceil(row["input_length"] * self.scale), len(hash_ids) * self.block_tokens))
+                if self.max_isl is not None and isl > self.max_isl:
+                    continue
+                tokens: list[int] = []
+                for hash_id in hash_ids:
+                    tokens.extend(self.block(hash_id))
+                osl = max(1, round(row["output_length"] * osl_scale))
+                if self.max_osl is not None:
+                    osl = min(osl, self.max_osl)
+                out.append(RequestSpec(tuple(tokens[:isl]), osl, arrival_s=row["timestamp"] / 1000.0))
+        return out
+
+    def describe(self) -> dict:
+        return asdict(self) | {"path": Path(self.path).name}
+
+
+@dataclass(frozen=True)
+class AzureTrace:
+    path: str
+    vocab_size: int
+    isl_scale: float = 1.0
+    osl_scale: float = 1.0
+    max_isl: int | None = None
+    max_osl: int | None = None
+    seed: int = 0
+    kind: Literal["azure"] = "azure"
+
+    def requests(self, n: int | None = None) -> list[RequestSpec]:
+        rng = random.Random(self.seed)
+        out: list[RequestSpec] = []
+        start = None
+        with open(self.path) as f:
+            for row in csv.DictReader(f):
+                if n is not None and len(out) >= n:
+                    break
+                at = datetime.fromisoformat(row["TIMESTAMP"][:26])
+                start = start or at
+                isl = max(1, round(int(row["ContextTokens"]) * self.isl_scale))
+                osl = max(1, round(int(row["GeneratedTokens"]) * self.osl_scale))
+                if self.max_isl is not None and isl > self.max_isl:
+                    continue
+                if self.max_osl is not None:
+                    osl = min(osl, self.max_osl)
+                out.append(RequestSpec(_random_tokens(rng, isl, self.vocab_size), osl,
+                                       arrival_s=(at - start).total_seconds()))
+        return out
+
+    def describe(self) -> dict:
+        return asdict(self) | {"path": Path(self.path).name}
+
+
+def _random_tokens(rng: random.Random, n: int, vocab_size: int) -> tuple[int, ...]:
+    return tuple(rng.randrange(FIRST_TOKEN_ID, vocab_size) for _ in range(n))
+
+
+def replay_offsets(specs: list[RequestSpec], time_scale: float = 1.0, rate_scale: float = 1.0) -> list[float]:
+    """Trace replay: when to send each request, in seconds from the start.
+    `time_scale` < 1 compresses time; `rate_scale` > 1 sends the same requests
+    at that many times the rate (both shrink the gaps)."""
+    first = (specs[0].arrival_s or 0.0) if specs else 0.0
+    factor = time_scale / rate_scale
+    return [((s.arrival_s or 0.0) - first) * factor for s in specs]
