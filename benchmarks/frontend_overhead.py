@@ -68,7 +68,7 @@ def start_ours(port: int):
 
     from deployments.app import build_app
 
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run_many([
         serve.RunTarget(build_app(_app_config("agg-cpu.yaml")), name="agg", route_prefix="/agg"),

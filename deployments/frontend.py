@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from typing import Any
 
@@ -12,6 +13,7 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.kv_event_subscriber import KVEventSubscriber
 from deployments.pool_client import ServePoolClient
+from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.app import AppHooks, Health, build_openai_app
 from orchestrator.api.service import CompletionService, ModelCard
 from orchestrator.config import AppConfig
@@ -56,15 +58,25 @@ class Frontend:
             scheduler=self.scheduler,
             metrics=self.metrics,
             prefill_timeout_s=app.frontend.prefill_timeout_s,
+            max_migrations=app.frontend.max_migrations,
         )
         card = ModelCard(name=app.model.name, max_model_len=app.model.max_model_len, created=int(time.time()))
-        self.service = CompletionService(card, PromptRenderer(tokenizer), path, self.metrics)
+        self.service = CompletionService(card, PromptRenderer(tokenizer), path, self.metrics, limits=app.frontend.limits,
+                                         gate=AdmissionGate(app.frontend.max_in_flight),
+                                         retry_after_s=app.frontend.retry_after_s)
+        self.api_key = None
+        if app.frontend.auth.api_key_env is not None:
+            self.api_key = os.environ.get(app.frontend.auth.api_key_env)
+            if not self.api_key:
+                raise RuntimeError(f"frontend.auth.api_key_env names {app.frontend.auth.api_key_env}, which is not set")
         # Handles build their routers on first use; until then a pool shows no replicas.
         self._background = [asyncio.create_task(pool.connect()) for pool in self.pools.values()]
         self._background.append(asyncio.create_task(self.kv_events.run()))
 
     def __serve_build_asgi_app__(self):
-        return build_openai_app(self.service, AppHooks(health=self._health, pools=self._pools_report))
+        hooks = AppHooks(health=self._health, pools=self._pools_report,
+                         max_request_bytes=self.config.frontend.limits.max_request_bytes, api_key=self.api_key)
+        return build_openai_app(self.service, hooks)
 
     def _pool_views(self):
         return {name: pool.replicas() for name, pool in self.pools.items()}

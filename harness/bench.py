@@ -38,7 +38,7 @@ _RUN = {
     "type": "object",
     "required": ["duration_s", "sent", "completed", "failed", "errors", "prompt_tokens", "output_tokens",
                  "request_throughput", "output_token_throughput", "total_token_throughput", "goodput_requests",
-                 "goodput_output_tokens", "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "slo_attained"],
+                 "goodput_output_tokens", "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "slo_attained", "prefix_hit_rate"],
     "properties": {"ttft_ms": _PCTS, "itl_ms": _PCTS, "tpot_ms": _PCTS, "e2e_ms": _PCTS,
                    "sent": {"type": "integer"}, "completed": {"type": "integer"}, "failed": {"type": "integer"}},
 }

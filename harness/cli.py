@@ -22,7 +22,7 @@ from harness.bench import (
 )
 from harness.metrics import parse_slo
 from harness.runner import Target
-from harness.workloads import AzureTrace, LengthDist, MooncakeTrace, SyntheticWorkload
+from harness.workloads import AzureTrace, LengthDist, MooncakeTrace, SyntheticWorkload, TokenPool
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -58,31 +58,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--slo", nargs="*", default=[], help="e.g. ttft_p99_ms=500 itl_p50_ms=30")
     p.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (lengths then vary)")
+    p.add_argument("--text-prompts", action="store_true",
+                   help="send prompts as text (needs --tokenizer; prompts use whole-word tokens that round-trip)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="result JSON path (a .md and .png are written beside it)")
 
 
-def _vocab_size(args: argparse.Namespace) -> int:
-    if args.vocab_size:
-        return args.vocab_size
-    if args.tokenizer:
-        from orchestrator.prompts import load_tokenizer
+def _tokenizer(args: argparse.Namespace):
+    if not args.tokenizer:
+        return None
+    from orchestrator.prompts import load_tokenizer
 
-        return len(load_tokenizer(str(Path(args.tokenizer).expanduser())))
+    return load_tokenizer(str(Path(args.tokenizer).expanduser()))
+
+
+def _pool(args: argparse.Namespace, tokenizer) -> TokenPool:
+    if args.text_prompts:
+        if tokenizer is None:
+            raise SystemExit("--text-prompts needs --tokenizer")
+        return TokenPool.words(tokenizer)
+    if args.vocab_size:
+        return TokenPool.vocabulary(args.vocab_size)
+    if tokenizer is not None:
+        return TokenPool.vocabulary(len(tokenizer))
     raise SystemExit("give --vocab-size or --tokenizer so that token ids stay in the vocabulary")
 
 
-def _workload(args: argparse.Namespace, vocab: int):
+def _workload(args: argparse.Namespace, pool: TokenPool):
     if args.workload == "synthetic":
         return SyntheticWorkload(
             isl=LengthDist(args.isl, args.isl_std, max=args.max_isl), osl=LengthDist(args.osl, args.osl_std, max=args.max_osl),
-            vocab_size=vocab, shared_prefix_fraction=args.shared_prefix, num_prefixes=args.num_prefixes, seed=args.seed)
+            pool=pool, shared_prefix_fraction=args.shared_prefix, num_prefixes=args.num_prefixes, seed=args.seed)
     if not args.trace_path:
         raise SystemExit("--trace-path is required for trace workloads")
     if args.workload == "mooncake":
-        return MooncakeTrace(args.trace_path, vocab, block_tokens=args.block_tokens, osl_scale=args.osl_scale,
+        return MooncakeTrace(args.trace_path, pool, block_tokens=args.block_tokens, osl_scale=args.osl_scale,
                              max_osl=args.max_osl, max_isl=args.max_isl)
-    return AzureTrace(args.trace_path, vocab, isl_scale=args.isl_scale, osl_scale=args.osl_scale or 1.0,
+    return AzureTrace(args.trace_path, pool, isl_scale=args.isl_scale, osl_scale=args.osl_scale or 1.0,
                       max_isl=args.max_isl, max_osl=args.max_osl, seed=args.seed)
 
 
@@ -99,10 +111,11 @@ def _model(url: str) -> str:
 def run_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    vocab = _vocab_size(args)
-    workload = _workload(args, vocab)
+    tokenizer = _tokenizer(args)
+    workload = _workload(args, _pool(args, tokenizer))
     model = args.model or _model(args.url)
-    target = Target(args.url, model, ignore_eos=not args.no_ignore_eos)
+    detokenize = (lambda ids: tokenizer.decode(list(ids))) if args.text_prompts else None
+    target = Target(args.url, model, ignore_eos=not args.no_ignore_eos, detokenize=detokenize)
     slo = parse_slo(args.slo)
     system = SystemInfo(label=args.label or args.url, model=model, precision=args.precision, engine=args.engine,
                         engine_version=args.engine_version)

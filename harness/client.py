@@ -21,6 +21,7 @@ class RequestRecord:
     e2e_s: float | None = None
     output_tokens: int = 0
     prompt_tokens: int = 0
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens, where the server reports it
     text: str = ""
     error: str | None = None
 
@@ -71,11 +72,18 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str,
                 if "error" in event:
                     record.error = "stream_error"
                     return record
-                if event.get("usage"):
-                    record.output_tokens = event["usage"]["completion_tokens"]
-                    record.prompt_tokens = event["usage"]["prompt_tokens"]
+                usage = event.get("usage")
+                if usage:
+                    record.output_tokens = usage["completion_tokens"]
+                    record.prompt_tokens = usage["prompt_tokens"]
+                    details = usage.get("prompt_tokens_details") or {}
+                    record.cached_tokens = details.get("cached_tokens")
                 text = _content(event)
-                if text:
+                finish = any(c.get("finish_reason") for c in event.get("choices") or [])
+                # Output arrives as text; a request whose tokens all detokenize
+                # to nothing (special tokens, a partial UTF-8 character) shows
+                # its first token only with the finish reason.
+                if text or (finish and last is None):
                     now = time.perf_counter()
                     if last is None:
                         record.ttft_s = now - start

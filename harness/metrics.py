@@ -14,6 +14,8 @@ Per run (completed requests only, over the run's wall time):
             goodput equals throughput
   slo_attained: whether the run meets each SLO at the stated percentile over
             all its requests (ttft_p99_ms=500: the run's p99 TTFT <= 500 ms)
+  prefix hit rate = cached prompt tokens / prompt tokens, as the responses'
+            usage (prompt_tokens_details.cached_tokens) reports them
 Percentiles are linear-interpolated (numpy's default), as both tools do.
 Warm-up requests are not part of a run.
 """
@@ -113,6 +115,9 @@ class RunResult:
     tpot_ms: dict[str, float | None]
     e2e_ms: dict[str, float | None]
     slo_attained: dict[str, bool] = field(default_factory=dict)
+    # Cached prompt tokens / prompt tokens, from the responses' usage; None
+    # when the server does not report cached tokens.
+    prefix_hit_rate: float | None = None
 
     def to_dict(self) -> dict:
         return dict(self.__dict__)
@@ -143,7 +148,16 @@ def summarize(records: list[RequestRecord], duration_s: float, slo: list[SloTerm
         goodput_requests=len(good) / d, goodput_output_tokens=sum(r.output_tokens for r in good) / d,
         ttft_ms=percentiles(ttft), itl_ms=percentiles(itl), tpot_ms=percentiles(tpot), e2e_ms=percentiles(e2e),
         slo_attained=attained,
+        prefix_hit_rate=_hit_rate(ok),
     )
+
+
+def _hit_rate(records: list[RequestRecord]) -> float | None:
+    reported = [r for r in records if r.cached_tokens is not None]
+    prompt = sum(r.prompt_tokens for r in reported)
+    if not reported or not prompt:
+        return None
+    return sum(r.cached_tokens for r in reported) / prompt
 
 
 def find_knee(points: list[tuple[float, float]], fraction: float = 0.95) -> float | None:

@@ -21,9 +21,13 @@ class Target:
     model: str
     ignore_eos: bool = True
     temperature: float = 0.0
+    # Send prompts as text (for servers that take no token ids); the ids must
+    # round-trip through the tokenizer (TokenPool.words).
+    detokenize: Callable[[Sequence[int]], str] | None = None
 
     def body(self, spec: RequestSpec) -> dict:
-        return {"model": self.model, "prompt": list(spec.prompt_token_ids), "max_tokens": spec.max_tokens,
+        prompt = list(spec.prompt_token_ids) if self.detokenize is None else self.detokenize(spec.prompt_token_ids)
+        return {"model": self.model, "prompt": prompt, "max_tokens": spec.max_tokens,
                 "temperature": self.temperature, "ignore_eos": self.ignore_eos}
 
     @property

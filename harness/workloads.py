@@ -33,6 +33,36 @@ MOONCAKE_BLOCK_TOKENS = 512
 
 
 @dataclass(frozen=True)
+class TokenPool:
+    """The token ids random prompts are drawn from."""
+
+    ids: tuple[int, ...]
+    name: str
+
+    @classmethod
+    def vocabulary(cls, vocab_size: int) -> "TokenPool":
+        return cls(tuple(range(FIRST_TOKEN_ID, vocab_size)), f"ids {FIRST_TOKEN_ID}..{vocab_size - 1}")
+
+    @classmethod
+    def words(cls, tokenizer) -> "TokenPool":
+        """Ids of whole space-prefixed words that decode and re-encode to
+        themselves: any sequence of them survives text round trips exactly,
+        for servers and routers that only take text prompts."""
+        ids = []
+        for i in range(len(tokenizer)):
+            text = tokenizer.decode([i])
+            if len(text) > 2 and text[0] == " " and text[1:].isascii() and text[1:].isalpha() \
+                    and tokenizer.encode(text, add_special_tokens=False) == [i]:
+                ids.append(i)
+        if len(ids) < 16:
+            raise ValueError("the tokenizer has too few whole-word tokens for text prompts")
+        return cls(tuple(ids), f"{len(ids)} whole-word tokens")
+
+    def describe(self) -> dict:
+        return {"name": self.name, "size": len(self.ids)}
+
+
+@dataclass(frozen=True)
 class RequestSpec:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
@@ -57,7 +87,7 @@ class LengthDist:
 class SyntheticWorkload:
     isl: LengthDist
     osl: LengthDist
-    vocab_size: int
+    pool: TokenPool
     shared_prefix_fraction: float = 0.0  # of each prompt, taken from a shared prefix
     num_prefixes: int = 1
     seed: int = 0
@@ -66,24 +96,24 @@ class SyntheticWorkload:
     def requests(self, n: int) -> list[RequestSpec]:
         rng = random.Random(self.seed)
         longest = self.isl.max or self.isl.mean * 4
-        prefixes = [_random_tokens(random.Random(f"prefix-{self.seed}-{i}"), longest, self.vocab_size)
+        prefixes = [_random_tokens(random.Random(f"prefix-{self.seed}-{i}"), longest, self.pool)
                     for i in range(self.num_prefixes)]
         out = []
         for _ in range(n):
             isl = self.isl.draw(rng)
             shared = min(int(isl * self.shared_prefix_fraction), len(prefixes[0]))
             prefix = prefixes[rng.randrange(self.num_prefixes)][:shared] if shared else ()
-            out.append(RequestSpec(tuple(prefix) + _random_tokens(rng, isl - shared, self.vocab_size), self.osl.draw(rng)))
+            out.append(RequestSpec(tuple(prefix) + _random_tokens(rng, isl - shared, self.pool), self.osl.draw(rng)))
         return out
 
     def describe(self) -> dict:
-        return asdict(self)
+        return asdict(self) | {"pool": self.pool.describe()}
 
 
 @dataclass(frozen=True)
 class MooncakeTrace:
     path: str
-    vocab_size: int
+    pool: TokenPool
     block_tokens: int = 32  # tokens per hash id after scaling (512 in the original)
     osl_scale: float | None = None  # default: the same factor as the prompt
     max_osl: int | None = None
@@ -95,7 +125,7 @@ class MooncakeTrace:
         return self.block_tokens / MOONCAKE_BLOCK_TOKENS
 
     def block(self, hash_id: int) -> tuple[int, ...]:
-        return _random_tokens(random.Random(f"mooncake-{hash_id}"), self.block_tokens, self.vocab_size)
+        return _random_tokens(random.Random(f"mooncake-{hash_id}"), self.block_tokens, self.pool)
 
     def requests(self, n: int | None = None) -> list[RequestSpec]:
         out = []
@@ -119,13 +149,13 @@ class MooncakeTrace:
         return out
 
     def describe(self) -> dict:
-        return asdict(self) | {"path": Path(self.path).name}
+        return asdict(self) | {"path": Path(self.path).name, "pool": self.pool.describe()}
 
 
 @dataclass(frozen=True)
 class AzureTrace:
     path: str
-    vocab_size: int
+    pool: TokenPool
     isl_scale: float = 1.0
     osl_scale: float = 1.0
     max_isl: int | None = None
@@ -149,16 +179,16 @@ class AzureTrace:
                     continue
                 if self.max_osl is not None:
                     osl = min(osl, self.max_osl)
-                out.append(RequestSpec(_random_tokens(rng, isl, self.vocab_size), osl,
+                out.append(RequestSpec(_random_tokens(rng, isl, self.pool), osl,
                                        arrival_s=(at - start).total_seconds()))
         return out
 
     def describe(self) -> dict:
-        return asdict(self) | {"path": Path(self.path).name}
+        return asdict(self) | {"path": Path(self.path).name, "pool": self.pool.describe()}
 
 
-def _random_tokens(rng: random.Random, n: int, vocab_size: int) -> tuple[int, ...]:
-    return tuple(rng.randrange(FIRST_TOKEN_ID, vocab_size) for _ in range(n))
+def _random_tokens(rng: random.Random, n: int, pool: TokenPool) -> tuple[int, ...]:
+    return tuple(rng.choices(pool.ids, k=n)) if n > 0 else ()
 
 
 def replay_offsets(specs: list[RequestSpec], time_scale: float = 1.0, rate_scale: float = 1.0) -> list[float]:

@@ -111,13 +111,50 @@ class PoolConfig(_Strict):
         return self.engine.tensor_parallel_size if self.engine.device is Device.CUDA else 0
 
 
+class LimitsConfig(_Strict):
+    """Checked before any engine sees a request; a request over a limit gets a 4xx."""
+
+    max_request_bytes: PositiveInt = 4 * 2**20
+    max_prompt_tokens: PositiveInt | None = Field(default=None, description="None: the model's context length.")
+    max_output_tokens: PositiveInt | None = Field(default=None, description="None: whatever the context leaves.")
+    max_stop_strings: PositiveInt = 16
+    max_stop_string_chars: PositiveInt = 256
+
+
+class AuthConfig(_Strict):
+    api_key_env: str | None = Field(
+        default=None,
+        description="Name of the environment variable holding the API key clients must send as "
+        "`Authorization: Bearer <key>`. None: no authentication (local runs).",
+    )
+
+
 class FrontendConfig(_Strict):
     replicas: PositiveInt = 1
     num_cpus: float = Field(default=1.0, ge=0)
-    max_ongoing_requests: PositiveInt = 1024
+    max_ongoing_requests: PositiveInt = Field(
+        default=1024, description="Serve's cap on requests inside one frontend replica (above max_in_flight)."
+    )
+    max_in_flight: PositiveInt = Field(
+        default=256,
+        description="Admission control: requests one frontend replica serves at once; beyond it, 429 with Retry-After.",
+    )
+    retry_after_s: PositiveInt = 1
     prefill_timeout_s: PositiveFloat = Field(
         default=30.0, description="A prefill slower than this is abandoned and the decode replica prefills locally."
     )
+    max_migrations: int = Field(
+        default=2, ge=0,
+        description="A stream whose decode replica fails moves to another replica at most this often.",
+    )
+    limits: LimitsConfig = LimitsConfig()
+    auth: AuthConfig = AuthConfig()
+
+    @model_validator(mode="after")
+    def _check(self) -> "FrontendConfig":
+        if self.max_in_flight > self.max_ongoing_requests:
+            raise ValueError("max_in_flight must not exceed max_ongoing_requests (Serve would queue before we admit)")
+        return self
 
 
 class RoutingPolicy(str, enum.Enum):
@@ -170,6 +207,11 @@ class NetworkConfig(_Strict):
         "None means the replica's Ray node address.",
     )
     nixl_backends: list[str] = Field(default_factory=lambda: ["UCX"])
+    kv_handshake_timeout_s: PositiveInt | None = Field(
+        default=None,
+        description="How long a decode engine waits for a prefill engine's NIXL handshake before it computes "
+        "the prompt itself. None: vLLM's default (30 s).",
+    )
     nixl_progress_delay_us: int | None = Field(
         default=None,
         ge=1,

@@ -95,6 +95,9 @@ class FrontendMetrics:
         self.prefill_fallbacks = Counter(
             f"{PREFIX}_prefill_fallbacks", "Remote prefills abandoned for a local prefill, by reason.", ["reason"], registry=r
         )
+        self.migrations = Counter(
+            f"{PREFIX}_decode_migrations", "Streams moved to another decode replica after theirs failed.", registry=r
+        )
         self.kv_handoffs = Counter(
             f"{PREFIX}_kv_handoffs", "Remote prefills whose KV was handed to a decode replica.", registry=r
         )

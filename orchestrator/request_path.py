@@ -5,9 +5,15 @@
         kv = prefill pool.prefill(request)          # KV stays on the prefill replica
              -- on error or timeout: kv = None      # decode replica prefills locally
     stream decode pool.generate(request + kv)       # decode replica pulls the KV
+        -- the decode replica fails mid-stream: migrate. The prompt plus the
+           tokens already streamed go to another decode replica, which
+           computes their KV and continues; the client sees one unbroken
+           stream (at most `max_migrations` times, then the error).
 
 A failed or slow prefill never loses the request: it costs a local prefill
-on the decode replica, counted in `prefill_fallbacks`.
+on the decode replica, counted in `prefill_fallbacks`. A failed decode
+replica costs a recomputation of the context on another, counted in
+`migrations`.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ class RequestTrace:
     route: RouteDecision | None = None
     prefill: PrefillResult | None = None
     fallback: FallbackReason | None = None
+    migrations: int = 0
 
 
 class RequestPath:
@@ -51,6 +58,7 @@ class RequestPath:
         scheduler: Scheduler,
         metrics: FrontendMetrics,
         prefill_timeout_s: float,
+        max_migrations: int = 2,
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.decode_pool = decode_pool
@@ -58,6 +66,7 @@ class RequestPath:
         self.scheduler = scheduler
         self.metrics = metrics
         self.prefill_timeout_s = prefill_timeout_s
+        self.max_migrations = max_migrations
         self.clock = clock
 
     async def stream(self, request: EngineRequest, trace: RequestTrace) -> AsyncIterator[EngineChunk]:
@@ -73,14 +82,43 @@ class RequestPath:
             if route.remote_prefill:
                 kv = await self._remote_prefill(request, route, trace)
                 self.scheduler.on_prefill_done(request.request_id)
-            decode_request = request.for_decode(route.decode_replica, kv)
-            async with contextlib.aclosing(self.decode_pool.generate(decode_request)) as chunks:
-                async for chunk in chunks:
-                    if chunk.num_prompt_tokens:
-                        self.scheduler.on_prefill_done(request.request_id)
-                    yield chunk
+            async for chunk in self._decode(request, request.for_decode(route.decode_replica, kv), trace):
+                yield chunk
         finally:
             self.scheduler.on_request_finished(request.request_id)
+
+    async def _decode(self, original: EngineRequest, request: EngineRequest, trace: RequestTrace) -> AsyncIterator[EngineChunk]:
+        generated: list[int] = []
+        failed: set[str] = set()
+        while True:
+            try:
+                async with contextlib.aclosing(self.decode_pool.generate(request)) as chunks:
+                    async for chunk in chunks:
+                        if chunk.num_prompt_tokens:
+                            self.scheduler.on_prefill_done(original.request_id)
+                        generated.extend(chunk.token_ids)
+                        yield chunk
+                return
+            except EngineRequestRejected:
+                raise  # the request is at fault, not the replica
+            except Exception as e:
+                if trace.migrations >= self.max_migrations or len(generated) >= original.sampling.max_tokens:
+                    raise
+                trace.migrations += 1
+                self.metrics.migrations.inc()
+                if request.target_replica is not None:
+                    failed.add(request.target_replica)
+                log.warning("decode of %s failed after %d tokens (%s: %s); migrating (attempt %d)",
+                            original.request_id, len(generated), type(e).__name__, e, trace.migrations)
+                request = self._migrate(original, generated, failed, trace.migrations)
+
+    def _migrate(self, original: EngineRequest, generated: list[int], failed: set[str], attempt: int) -> EngineRequest:
+        """The continuation, routed to a decode replica that has not failed it."""
+        continued = original.continued(generated, attempt)
+        candidates = [v for v in self.decode_pool.replicas() if v.replica_id not in failed]
+        route = self.scheduler.route_request(continued, None, candidates)
+        self.scheduler.on_request_finished(continued.request_id)  # accounted under the original id
+        return continued.for_decode(route.decode_replica, None)
 
     async def _remote_prefill(self, request: EngineRequest, route: RouteDecision, trace: RequestTrace) -> KVTransfer | None:
         assert self.prefill_pool is not None

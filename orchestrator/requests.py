@@ -7,6 +7,7 @@ no engine objects, no handles.
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -74,6 +75,22 @@ class EngineRequest:
 
     def for_decode(self, replica: str | None, kv_transfer: KVTransfer | None) -> "EngineRequest":
         return replace(self, kv_transfer=kv_transfer, target_replica=replica)
+
+    def continued(self, generated: Sequence[int], attempt: int) -> "EngineRequest":
+        """The rest of this request after `generated` tokens, to run elsewhere:
+        those tokens join the prompt (the new replica computes their KV) and
+        the output budget shrinks by as many. Greedy decoding then continues
+        exactly where it stopped."""
+        s = self.sampling
+        return replace(
+            self,
+            request_id=f"{self.request_id}-m{attempt}",
+            prompt_token_ids=self.prompt_token_ids + tuple(generated),
+            sampling=replace(s, max_tokens=s.max_tokens - len(generated),
+                             min_tokens=max(0, s.min_tokens - len(generated))),
+            kv_transfer=None,
+            target_replica=None,
+        )
 
 
 @dataclass(frozen=True)

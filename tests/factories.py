@@ -14,8 +14,10 @@ from typing import Any
 
 import httpx
 
+from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.app import AppHooks, Health, build_openai_app
 from orchestrator.api.service import CompletionService, ModelCard
+from orchestrator.config import LimitsConfig
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import ReplicaView
 from orchestrator.prompts import PromptRenderer
@@ -40,6 +42,11 @@ class WordTokenizer:
         return turns + (" <assistant>" if kwargs.get("add_generation_prompt") else "")
 
 
+# Generated token k of a request is OUT + k: outside the tokenizer's ids, so a
+# continuation can count the generated tokens in its prompt.
+OUT = 5000
+
+
 def token_text(token_id: int) -> str:
     return f"w{token_id} "
 
@@ -47,7 +54,7 @@ def token_text(token_id: int) -> str:
 @dataclass
 class FakePool:
     """A pool whose replicas answer like an engine: token i of a request is
-    `100 + i`, one chunk per token, finishing at max_tokens."""
+    `OUT + i`, one chunk per token, finishing at max_tokens."""
 
     name: str
     replica_ids: tuple[str, ...] = ("r0", "r1")
@@ -55,6 +62,8 @@ class FakePool:
     prefill_delay_s: float = 0.0
     generate_error_after: int | None = None
     generate_error: Exception = field(default_factory=lambda: RuntimeError("replica died"))
+    # Only this replica fails (None: every replica); the others continue greedy output.
+    failing_replica: str | None = None
     chunk_delay_s: float = 0.0
     prefills: list[EngineRequest] = field(default_factory=list)
     generates: list[EngineRequest] = field(default_factory=list)
@@ -74,17 +83,21 @@ class FakePool:
         return PrefillResult(kv_transfer=transfer, num_prompt_tokens=n, num_cached_tokens=7, replica_id=request.target_replica)
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """Greedy and deterministic: output token k of an original prompt is
+        OUT + k, so a continuation (prompt + k tokens) picks up at OUT + k."""
         self.generates.append(request)
         n = request.sampling.max_tokens
         cached = len(request.prompt_token_ids) if request.kv_transfer else 0
+        already = sum(1 for t in request.prompt_token_ids if t >= OUT)
+        fails_here = self.failing_replica in (None, request.target_replica)
         try:
             for i in range(n):
-                if self.generate_error_after is not None and i == self.generate_error_after:
+                if self.generate_error_after is not None and i == self.generate_error_after and fails_here:
                     raise self.generate_error
                 await asyncio.sleep(self.chunk_delay_s)
                 yield EngineChunk(
-                    token_ids=(100 + i,),
-                    text=token_text(100 + i),
+                    token_ids=(OUT + already + i,),
+                    text=token_text(OUT + already + i),
                     finish_reason=FinishReason.LENGTH if i == n - 1 else None,
                     num_prompt_tokens=len(request.prompt_token_ids) if i == 0 else 0,
                     num_cached_tokens=cached if i == 0 else 0,
@@ -116,6 +129,9 @@ def make_frontend(
     prefill_timeout_s: float = 5.0,
     decode: FakePool | None = None,
     prefill: FakePool | None = None,
+    limits: LimitsConfig = LimitsConfig(),
+    max_in_flight: int = 64,
+    api_key: str | None = None,
 ) -> Frontend:
     decode = decode or FakePool("decode_pool")
     prefill = (prefill or FakePool("prefill_pool")) if disaggregated else None
@@ -125,13 +141,15 @@ def make_frontend(
     ids = iter(range(1_000_000))
     service = CompletionService(
         ModelCard(MODEL, max_model_len, created=0), PromptRenderer(WordTokenizer()), path, metrics,
+        limits=limits, gate=AdmissionGate(max_in_flight), retry_after_s=2,
         wall_clock=lambda: 1_700_000_000.0, new_id=lambda: f"req{next(ids)}",
     )
 
     async def health() -> Health:
         return Health(ready=True, detail={})
 
-    app = build_openai_app(service, AppHooks(health=health, pools=lambda: {}))
+    hooks = AppHooks(health=health, pools=lambda: {}, max_request_bytes=limits.max_request_bytes, api_key=api_key)
+    app = build_openai_app(service, hooks)
     return Frontend(service, metrics, decode, prefill, app)
 
 

@@ -4,6 +4,7 @@ and pools. The same app runs as the Ray Serve frontend and in unit tests."""
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,33 @@ class Health:
 class AppHooks:
     health: Callable[[], Awaitable[Health]]
     pools: Callable[[], dict[str, Any]]
+    max_request_bytes: int = 4 * 2**20
+    # When set, /v1/* and /pools need `Authorization: Bearer <api_key>`.
+    api_key: str | None = None
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused with 413 once it passes `limit` bytes: never buffered beyond it."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise _too_large(limit)
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _too_large(limit)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(limit: int) -> APIError:
+    return APIError(413, f"request body larger than {limit} bytes", code="request_too_large")
+
+
+def _authorized(request: Request, api_key: str) -> bool:
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
 def _error_response(err: APIError) -> JSONResponse:
@@ -41,13 +69,21 @@ def build_openai_app(service: CompletionService, hooks: AppHooks) -> FastAPI:
     async def _api_error(_: Request, err: APIError) -> JSONResponse:
         return _error_response(err)
 
+    if hooks.api_key:
+        @app.middleware("http")
+        async def _auth(request: Request, call_next):
+            if request.url.path.startswith(("/v1/", "/pools")) and not _authorized(request, hooks.api_key):
+                return _error_response(APIError(401, "Incorrect or missing API key: send Authorization: Bearer <key>.",
+                                                code="invalid_api_key"))
+            return await call_next(request)
+
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
         return _error_response(APIError(err.status_code, str(err.detail), type=kind))
 
     async def _generate(endpoint: Endpoint, request: Request) -> Response:
-        result = await service.handle(endpoint, await request.body())
+        result = await service.handle(endpoint, await _read_body(request, hooks.max_request_bytes))
         if isinstance(result, dict):
             return JSONResponse(result)
         return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

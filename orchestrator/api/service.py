@@ -14,6 +14,7 @@ import contextlib
 import json
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator.api import sse
+from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.errors import APIError, bad_request, from_validation_error, model_not_found, server_error
 from orchestrator.api.protocol import ChatCompletionRequest, CompletionRequest
 from orchestrator.api.responses import (
@@ -32,6 +34,7 @@ from orchestrator.api.responses import (
     usage_chunk,
     whole_response,
 )
+from orchestrator.config import LimitsConfig
 from orchestrator.engines.base import EngineRequestRejected
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.prompts import PromptRenderer
@@ -78,6 +81,19 @@ def _sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int) -
     )
 
 
+class _Slot:
+    """One admitted request's place in the gate; released exactly once."""
+
+    def __init__(self, gate: AdmissionGate) -> None:
+        self._gate = gate
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._gate.leave()
+
+
 def _cause(e: BaseException) -> str:
     """The message of the error a replica raised, without the remote traceback
     the transport may wrap around it."""
@@ -99,6 +115,9 @@ class CompletionService:
         renderer: PromptRenderer,
         path: RequestPath,
         metrics: FrontendMetrics,
+        limits: LimitsConfig = LimitsConfig(),
+        gate: AdmissionGate | None = None,
+        retry_after_s: int = 1,
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
         new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
@@ -107,6 +126,9 @@ class CompletionService:
         self.renderer = renderer
         self.path = path
         self.metrics = metrics
+        self.limits = limits
+        self.gate = gate or AdmissionGate(limit=1 << 30)
+        self.retry_after_s = retry_after_s
         self.clock = clock
         self.wall_clock = wall_clock
         self.new_id = new_id
@@ -115,15 +137,30 @@ class CompletionService:
 
     async def handle(self, endpoint: Endpoint, raw_body: bytes) -> dict[str, Any] | AsyncIterator[str]:
         """A whole response body, or (for `stream: true`) an iterator of SSE events.
-        Raises APIError for anything the client must fix."""
+        Raises APIError for anything the client must fix, and 429 when the
+        frontend is at its admission limit."""
+        if not self.gate.try_enter():
+            self.metrics.requests.labels(endpoint.value, "rejected").inc()
+            raise APIError(429, "The server is at capacity; retry later.", type="requests", code="rate_limit_exceeded",
+                           headers={"Retry-After": str(self.retry_after_s)})
+        slot = _Slot(self.gate)
         try:
             prepared = await self._prepare(endpoint, _parse_json(raw_body))
         except APIError:
+            slot.release()
             self.metrics.requests.labels(endpoint.value, "client_error").inc()
             raise
+        except BaseException:
+            slot.release()
+            raise
         if prepared.stream:
-            return self._sse(prepared)
-        return await self._whole(prepared)
+            stream = self._sse(prepared, slot)
+            weakref.finalize(stream, slot.release)  # a stream never iterated still gives its slot back
+            return stream
+        try:
+            return await self._whole(prepared)
+        finally:
+            slot.release()
 
     # -- preparation ----------------------------------------------------------
 
@@ -139,6 +176,7 @@ class CompletionService:
         unsupported = req.unsupported_fields()
         if unsupported:
             raise bad_request(f"{unsupported[0]} is not supported by this server", param=unsupported[0], code="unsupported")
+        self._check_stops(req.stop or [])
         if req.model != self.model.name:
             raise model_not_found(req.model)
 
@@ -164,6 +202,13 @@ class CompletionService:
             arrival=arrival,
         )
 
+    def _check_stops(self, stops: list[str]) -> None:
+        lim = self.limits
+        if len(stops) > lim.max_stop_strings:
+            raise bad_request(f"at most {lim.max_stop_strings} stop strings are allowed", param="stop")
+        if any(len(s) > lim.max_stop_string_chars for s in stops):
+            raise bad_request(f"stop strings may have at most {lim.max_stop_string_chars} characters", param="stop")
+
     def _check_token_ids(self, token_ids: list[int]) -> None:
         vocab = self.renderer.vocab_size
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
@@ -174,6 +219,13 @@ class CompletionService:
         limit = self.model.max_model_len
         if prompt_len == 0:
             raise bad_request("the prompt is empty", param=prompt_param)
+        max_prompt = self.limits.max_prompt_tokens
+        if max_prompt is not None and prompt_len > max_prompt:
+            raise bad_request(f"the prompt has {prompt_len} tokens; this server accepts at most {max_prompt}",
+                              param=prompt_param, code="prompt_too_long")
+        max_output = self.limits.max_output_tokens
+        if requested is not None and max_output is not None and requested > max_output:
+            raise bad_request(f"max_tokens may be at most {max_output} on this server", param="max_tokens")
         if prompt_len >= limit:
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens; the prompt has {prompt_len} tokens "
@@ -181,7 +233,7 @@ class CompletionService:
                 param=prompt_param, code="context_length_exceeded",
             )
         if requested is None:
-            return limit - prompt_len
+            return min(limit - prompt_len, max_output or limit)
         if prompt_len + requested > limit:
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
@@ -239,8 +291,15 @@ class CompletionService:
             raise server_error(f"generation failed: {_cause(e)}") from None
         return whole_response(p.endpoint, p.header, totals, self._finish(p, totals, trace))
 
-    async def _sse(self, p: PreparedRequest) -> AsyncIterator[str]:
+    async def _sse(self, p: PreparedRequest, slot: _Slot) -> AsyncIterator[str]:
         totals, trace = CompletionTotals(), RequestTrace()
+        try:
+            async for event in self._sse_events(p, totals, trace):
+                yield event
+        finally:
+            slot.release()
+
+    async def _sse_events(self, p: PreparedRequest, totals: CompletionTotals, trace: RequestTrace) -> AsyncIterator[str]:
         try:
             if p.endpoint is Endpoint.CHAT:
                 yield sse.event(role_chunk(p.header))

@@ -45,6 +45,7 @@ class EngineInfo:
     kv_events_replay_endpoint: str | None = None  # ZMQ ROUTER serving missed batches by sequence number
     nixl_side_channel_port: int | None = None
     kv_capacity_blocks: int | None = None
+    pid: int | None = None  # the replica process that owns the engine
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

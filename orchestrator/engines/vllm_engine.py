@@ -57,6 +57,8 @@ def process_env(engine: VllmEngineConfig, network: NetworkConfig) -> dict[str, s
     env = {EXIT_WITH_PARENT_ENV: "1"}
     if network.nixl_progress_delay_us is not None:
         env[NIXL_PROGRESS_DELAY_ENV] = str(network.nixl_progress_delay_us)
+    if network.kv_handshake_timeout_s is not None:
+        env["VLLM_P2P_HANDSHAKE_TIMEOUT_S"] = str(network.kv_handshake_timeout_s)
     if engine.device is Device.CPU:
         env |= {
             "VLLM_CPU_OMP_THREADS_BIND": "nobind",
@@ -175,6 +177,9 @@ class VllmEngine:
                 kv_role=_ROLE_TO_KV_ROLE[self._role],
                 kv_buffer_device="cpu" if cfg.device is Device.CPU else "cuda",
                 kv_connector_extra_config={"backends": list(self._network.nixl_backends)},
+                # A decode engine whose KV read fails (prefill replica gone, transfer
+                # error) computes the prompt itself instead of failing the request.
+                kv_load_failure_policy="recompute",
             )
         optional = {
             "max_num_seqs": cfg.max_num_seqs,
@@ -235,6 +240,7 @@ class VllmEngine:
             kv_events_replay_endpoint=publisher.replay_endpoint if publisher else None,
             nixl_side_channel_port=nixl_port,
             kv_capacity_blocks=self._llm.vllm_config.cache_config.num_gpu_blocks,
+            pid=os.getpid(),
         )
         return self._info
 

@@ -123,14 +123,16 @@ def apps(tiny_model) -> Iterator[ServeApps]:
     from deployments.app import build_app
 
     port = _free_port()
-    ray.init(num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    # "local": a fresh Ray instance even if another cluster runs on this machine.
+    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         small_kv = {"decode_pool__engine__cpu__kv_cache_gib": 0.25}
         apps = {
             # No route memory: what the index knows comes from the engines' events only.
             "disagg": app_config("disagg-cpu.yaml", tiny_model, frontend__prefill_timeout_s=10, decode_pool__replicas=2,
-                                 routing__event_lag_ttl_s=0, prefill_pool__engine__cpu__kv_cache_gib=0.25, **small_kv),
+                                 routing__event_lag_ttl_s=0, prefill_pool__engine__cpu__kv_cache_gib=0.25,
+                                 network__kv_handshake_timeout_s=3, **small_kv),
             "agg": app_config("agg-cpu.yaml", tiny_model, **small_kv),
             "approx": app_config("agg-cpu.yaml", tiny_model, decode_pool__replicas=2, routing__kv_events=False, **small_kv),
         }

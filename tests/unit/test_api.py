@@ -11,7 +11,7 @@ import pytest
 from orchestrator.api import sse
 from orchestrator.api.responses import Endpoint
 from orchestrator.requests import FinishReason
-from tests.factories import MODEL, FakePool, make_frontend, run, token_text
+from tests.factories import MODEL, OUT, FakePool, make_frontend, run, token_text
 
 
 def _json(body) -> bytes:
@@ -31,7 +31,7 @@ def test_completion_runs_prefill_then_decode_with_the_transfer():
     assert r.status_code == 200
     body = r.json()
     assert body["object"] == "text_completion"
-    assert body["choices"][0]["text"] == "".join(token_text(100 + i) for i in range(3))
+    assert body["choices"][0]["text"] == "".join(token_text(OUT + i) for i in range(3))
     assert body["choices"][0]["finish_reason"] == "length"
     # 4 prompt tokens, 3 generated; cached tokens as the prefill replica reported them.
     assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7,
@@ -75,7 +75,7 @@ def test_chat_renders_the_template_and_returns_a_message():
     assert r.status_code == 200
     out = r.json()
     assert out["object"] == "chat.completion"
-    assert out["choices"][0]["message"] == {"role": "assistant", "content": token_text(100) + token_text(101)}
+    assert out["choices"][0]["message"] == {"role": "assistant", "content": token_text(OUT) + token_text(OUT + 1)}
     # "<system> be brief <user> hi there <assistant>" is 7 words.
     assert out["usage"]["prompt_tokens"] == 7
 
@@ -96,7 +96,7 @@ def test_streamed_completion_is_valid_sse_with_usage_last():
     events = sse.parse_events(r.text)
     assert events[-1] == "[DONE]"
     chunks = events[:-1]
-    assert [c["choices"][0]["text"] for c in chunks[:-1]] == [token_text(100 + i) for i in range(3)]
+    assert [c["choices"][0]["text"] for c in chunks[:-1]] == [token_text(OUT + i) for i in range(3)]
     assert [c["choices"][0]["finish_reason"] for c in chunks[:-1]] == [None, None, "length"]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
     assert len({c["id"] for c in chunks}) == 1
@@ -108,7 +108,7 @@ def test_streamed_chat_starts_with_the_role_and_ends_with_done():
     events = sse.parse_events(run(_post(fe, "/v1/chat/completions", body)).text)
     assert events[0]["object"] == "chat.completion.chunk"
     assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
-    assert [e["choices"][0]["delta"].get("content") for e in events[1:-1]] == [token_text(100), token_text(101)]
+    assert [e["choices"][0]["delta"].get("content") for e in events[1:-1]] == [token_text(OUT), token_text(OUT + 1)]
     assert events[-2]["choices"][0]["finish_reason"] == "length"
     assert events[-1] == "[DONE]"
     assert all("usage" not in e for e in events[:-1])
@@ -197,7 +197,7 @@ def test_failing_prefill_falls_back_to_a_local_prefill_and_is_counted():
     fe = make_frontend(prefill=FakePool("prefill_pool", prefill_error=RuntimeError("prefill replica died")))
     r = run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "a b c", "max_tokens": 2}))
     assert r.status_code == 200
-    assert r.json()["choices"][0]["text"] == token_text(100) + token_text(101)
+    assert r.json()["choices"][0]["text"] == token_text(OUT) + token_text(OUT + 1)
     assert fe.decode.generates[0].kv_transfer is None  # prefilled locally
     assert fe.metric("orchestrator_prefill_fallbacks_total", {"reason": "error"}) == 1
     assert fe.metric("orchestrator_kv_handoffs_total") == 0
@@ -223,7 +223,7 @@ def test_decode_failure_mid_stream_ends_the_stream_with_an_error_event():
     fe = make_frontend(decode=FakePool("decode_pool", generate_error_after=1))
     body = {"model": MODEL, "prompt": "a", "max_tokens": 4, "stream": True}
     events = sse.parse_events(run(_post(fe, "/v1/completions", body)).text)
-    assert events[0]["choices"][0]["text"] == token_text(100)
+    assert events[0]["choices"][0]["text"] == token_text(OUT)
     assert events[-2]["error"]["type"] == "server_error"
     assert events[-1] == "[DONE]"
     assert fe.metric("orchestrator_requests_total", {"endpoint": "completions", "outcome": "server_error"}) == 1
@@ -299,3 +299,24 @@ def test_sse_events_stay_on_one_line_whatever_the_text():
     line = sse.event({"choices": [{"text": text}]})
     assert line.endswith("\n\n") and len(line[:-2].splitlines()) == 1
     assert sse.parse_events(line) == [{"choices": [{"text": text}]}]
+
+
+def test_a_decode_replica_failing_mid_stream_is_migrated_without_a_gap():
+    fe = make_frontend(decode=FakePool("decode_pool", generate_error_after=3, failing_replica="r0"))
+    body = {"model": MODEL, "prompt": "a b c", "max_tokens": 8, "stream": True}
+    events = sse.parse_events(run(_post(fe, "/v1/completions", body)).text)
+    text = "".join(e["choices"][0]["text"] for e in events[:-1] if "choices" in e and e["choices"])
+    assert text == "".join(token_text(OUT + i) for i in range(8))  # no token lost or repeated
+    first, second = fe.decode.generates
+    assert first.target_replica == "r0" and second.target_replica == "r1"
+    assert second.prompt_token_ids == first.prompt_token_ids + tuple(OUT + i for i in range(3))
+    assert second.sampling.max_tokens == 5
+    assert fe.metric("orchestrator_decode_migrations_total") == 1
+
+
+def test_migration_is_bounded_and_then_the_error_reaches_the_client():
+    fe = make_frontend(decode=FakePool("decode_pool", generate_error_after=1))  # every replica fails
+    r = run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 8}))
+    assert r.status_code == 500
+    assert len(fe.decode.generates) == 3  # the first try and 2 migrations
+    assert fe.metric("orchestrator_decode_migrations_total") == 2

@@ -8,13 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.workloads import AzureTrace, LengthDist, MooncakeTrace, SyntheticWorkload, replay_offsets
+from harness.workloads import AzureTrace, LengthDist, MooncakeTrace, SyntheticWorkload, TokenPool, replay_offsets
+
+POOL = TokenPool.vocabulary(600)
 
 TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 
 def test_synthetic_lengths_and_shared_prefixes_are_exact_and_seeded():
-    w = SyntheticWorkload(LengthDist(100), LengthDist(20), vocab_size=500, shared_prefix_fraction=0.5,
+    w = SyntheticWorkload(LengthDist(100), LengthDist(20), TokenPool.vocabulary(500), shared_prefix_fraction=0.5,
                           num_prefixes=2, seed=3)
     reqs = w.requests(20)
     assert all(len(r.prompt_token_ids) == 100 and r.max_tokens == 20 for r in reqs)
@@ -44,7 +46,7 @@ def test_mooncake_hash_ids_become_shared_scaled_blocks(tmp_path):
         {"timestamp": 500, "input_length": 1100, "output_length": 64, "hash_ids": [7, 8, 4]},
         {"timestamp": 2000, "input_length": 300, "output_length": 32, "hash_ids": [5]},
     ])
-    a, b, c = MooncakeTrace(str(path), vocab_size=600, block_tokens=32).requests()
+    a, b, c = MooncakeTrace(str(path), POOL, block_tokens=32).requests()
     # Lengths scale by 32/512; blocks of equal ids at equal positions are equal.
     assert (len(a.prompt_token_ids), len(b.prompt_token_ids), len(c.prompt_token_ids)) == (94, 69, 19)
     assert a.prompt_token_ids[:64] == b.prompt_token_ids[:64]
@@ -59,7 +61,7 @@ def test_real_mooncake_trace_keeps_its_sharing_after_scaling():
     if not path.exists():
         pytest.skip(f"{path} not present (../shared/traces)")
     rows = [json.loads(line) for line in path.open().readlines()[:40]]
-    reqs = MooncakeTrace(str(path), vocab_size=600, block_tokens=16).requests(40)
+    reqs = MooncakeTrace(str(path), POOL, block_tokens=16).requests(40)
     for i in range(40):
         for j in range(i + 1, 40):
             ids_a, ids_b = rows[i]["hash_ids"], rows[j]["hash_ids"]
@@ -75,6 +77,16 @@ def test_azure_trace_has_lengths_and_arrivals(tmp_path):
     path = tmp_path / "az.csv"
     path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
                     "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n")
-    a, b = AzureTrace(str(path), vocab_size=600, isl_scale=0.5).requests()
+    a, b = AzureTrace(str(path), POOL, isl_scale=0.5).requests()
     assert (len(a.prompt_token_ids), a.max_tokens, len(b.prompt_token_ids)) == (187, 44, 198)
     assert b.arrival_s == pytest.approx(4.314579, abs=1e-5)
+
+
+def test_word_tokens_survive_a_text_round_trip():
+    from orchestrator.prompts import load_tokenizer
+    from orchestrator.tiny_model import make_tiny_model
+
+    tok = load_tokenizer(str(make_tiny_model(Path.home() / ".cache" / "orchestrator" / "tiny-llama")))
+    pool = TokenPool.words(tok)
+    spec = SyntheticWorkload(LengthDist(300), LengthDist(4), pool, seed=1).requests(1)[0]
+    assert tok.encode(tok.decode(list(spec.prompt_token_ids)), add_special_tokens=False) == list(spec.prompt_token_ids)

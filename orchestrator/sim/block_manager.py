@@ -1,0 +1,193 @@
+"""A paged KV block manager with prefix caching and LRU eviction, as vLLM's.
+
+Invariants:
+  * a block is either held (ref_count > 0, by the running sequences using it)
+    or free; a free block with a hash is still a cache entry until evicted;
+  * `_cached[h]` is the block whose full contents hash to h (one per hash);
+  * a block gets its hash when it becomes full and computed; the event
+    stream then says BlockStored, and BlockRemoved when its block is
+    evicted (reused for other contents) — so an index following the events
+    always matches `_cached`;
+  * free blocks are reused least recently used first, uncached ones before
+    any cached one.
+Block hashes are the routing hashes (orchestrator/kv/hashing.py), which are
+also what the events carry as engine hashes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from orchestrator.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from orchestrator.kv.hashing import ROOT_HASH, block_hashes
+
+
+@dataclass
+class _Block:
+    block_id: int
+    ref_count: int = 0
+    hash: int | None = None
+
+
+@dataclass
+class SequenceBlocks:
+    """The blocks one sequence holds, in order, and how many of its tokens
+    have KV computed in them."""
+
+    token_ids: list[int]
+    blocks: list[int] = field(default_factory=list)
+    computed_tokens: int = 0
+    cached_tokens: int = 0  # prompt tokens found in the cache at allocation
+    chain: list[int] = field(default_factory=list)  # hashes of the full, computed blocks, in order
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._blocks = [_Block(i) for i in range(num_blocks)]
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))  # LRU first
+        self._cached: dict[int, int] = {}
+        self._events: list[KVEvent] = []
+
+    # -- capacity -------------------------------------------------------------
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    @property
+    def usage(self) -> float:
+        return 1.0 - len(self._free) / self.num_blocks
+
+    def blocks_needed(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    # -- allocation -------------------------------------------------------------
+
+    def cached_prefix(self, token_ids: list[int]) -> list[int]:
+        """Blocks that already hold this prompt's leading full blocks."""
+        if not self.enable_prefix_caching:
+            return []
+        found = []
+        # The last token is always computed, so a fully cached prompt reuses all but its last block.
+        for h in block_hashes(token_ids[:-1], self.block_size):
+            block_id = self._cached.get(h)
+            if block_id is None:
+                break
+            found.append(block_id)
+        return found
+
+    def can_allocate(self, token_ids: list[int]) -> bool:
+        cached = self.cached_prefix(token_ids)
+        reusable_free = sum(1 for b in cached if self._blocks[b].ref_count == 0)
+        needed = self.blocks_needed(len(token_ids)) - len(cached)
+        return needed <= len(self._free) - reusable_free
+
+    def allocate(self, token_ids: list[int]) -> SequenceBlocks | None:
+        """Blocks for a new sequence's prompt: cached leading blocks are
+        shared, the rest are fresh. None if they do not fit."""
+        if not self.can_allocate(token_ids):
+            return None
+        seq = SequenceBlocks(list(token_ids))
+        for block_id in self.cached_prefix(token_ids):
+            self._hold(block_id)
+            seq.blocks.append(block_id)
+            seq.chain.append(self._blocks[block_id].hash)
+        seq.computed_tokens = seq.cached_tokens = len(seq.blocks) * self.block_size
+        for _ in range(self.blocks_needed(len(token_ids)) - len(seq.blocks)):
+            seq.blocks.append(self._take_free())
+        return seq
+
+    def append_slot(self, seq: SequenceBlocks, token_id: int) -> bool:
+        """Room for one more token (a generated one); False if no block is free."""
+        if len(seq.token_ids) == len(seq.blocks) * self.block_size:
+            if not self._free:
+                return False
+            seq.blocks.append(self._take_free())
+        seq.token_ids.append(token_id)
+        return True
+
+    def mark_computed(self, seq: SequenceBlocks, tokens: int) -> None:
+        """`tokens` more of the sequence's tokens have KV now; blocks that
+        became full are committed to the cache (BlockStored)."""
+        before = seq.computed_tokens // self.block_size
+        seq.computed_tokens = min(seq.computed_tokens + tokens, len(seq.token_ids))
+        after = seq.computed_tokens // self.block_size
+        if after > before and self.enable_prefix_caching:
+            self._commit(seq, before, after)
+
+    def free(self, seq: SequenceBlocks) -> None:
+        """The sequence is done: its blocks go back, most recently used last,
+        cached ones staying reusable until evicted."""
+        for block_id in reversed(seq.blocks):
+            block = self._blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self._free[block_id] = None
+        seq.blocks.clear()
+
+    def reset(self) -> None:
+        """Forget every cached block (the engine's cache reset)."""
+        for block in self._blocks:
+            if block.ref_count == 0 and block.hash is not None:
+                block.hash = None
+        self._cached = {h: b for h, b in self._cached.items() if self._blocks[b].hash == h}
+        self._events.append(AllBlocksCleared())
+
+    def drain_events(self) -> list[KVEvent]:
+        events, self._events = self._events, []
+        return events
+
+    # -- internals --------------------------------------------------------------
+
+    def _hold(self, block_id: int) -> None:
+        block = self._blocks[block_id]
+        if block.ref_count == 0:
+            self._free.pop(block_id, None)
+        block.ref_count += 1
+
+    def _take_free(self) -> int:
+        # Uncached free blocks first, then the least recently used cached one.
+        block_id = next((b for b in self._free if self._blocks[b].hash is None), None)
+        if block_id is None:
+            block_id = next(iter(self._free))
+        del self._free[block_id]
+        block = self._blocks[block_id]
+        if block.hash is not None:  # evicting a cache entry
+            del self._cached[block.hash]
+            self._events.append(BlockRemoved((block.hash,)))
+            block.hash = None
+        block.ref_count = 1
+        return block_id
+
+    def _commit(self, seq: SequenceBlocks, first: int, last: int) -> None:
+        """Blocks first..last-1 of the sequence just became full: hash them onto
+        the sequence's chain and enter them in the cache. A block whose
+        contents another block already caches (two sequences computed the
+        same prefix at once) stays private; the chain goes on regardless."""
+        parent = seq.chain[-1] if seq.chain else ROOT_HASH
+        tokens = seq.token_ids[first * self.block_size:last * self.block_size]
+        stored: list[int] = []
+        for i, h in enumerate(block_hashes(tokens, self.block_size, parent)):
+            seq.chain.append(h)
+            if h in self._cached:
+                continue
+            block = self._blocks[seq.blocks[first + i]]
+            block.hash = h
+            self._cached[h] = block.block_id
+            stored.append(i)
+        # One event per run of consecutive newly cached blocks, each naming its parent.
+        run: list[int] = []
+        for i in stored + [None]:
+            if run and (i is None or i != run[-1] + 1):
+                start_i = run[0]
+                block_parent = seq.chain[first + start_i - 1] if first + start_i > 0 else None
+                span = tokens[start_i * self.block_size:(run[-1] + 1) * self.block_size]
+                self._events.append(BlockStored(tuple(seq.chain[first + j] for j in run), block_parent,
+                                                tuple(span), self.block_size))
+                run = []
+            if i is not None:
+                run.append(i)

@@ -1,0 +1,259 @@
+"""The simulated engine's scheduler: continuous batching with chunked prefill,
+as vLLM's v1 scheduler does it, timed by a performance model.
+
+    each step:
+      running requests first: one decode token each, or their next prompt
+        chunk, within the step's token budget;
+      then waiting requests, oldest first, while blocks and budget last
+        (their cached prefix costs nothing);
+      a running request that needs a block when none is free preempts the
+        newest running request (its blocks freed, it recomputes later);
+      the step lasts perf_model.step_time(batch).
+
+Output tokens are deterministic functions of the prompt and the position, so
+equal prompts give equal outputs on every replica, like greedy decoding of a
+real model. Disaggregation: a prefill-role request keeps its blocks after its
+first token until the decode side has read them (`release`); a request that
+arrives with a transfer waits for the transfer, then has its prompt's KV.
+
+Time is the caller's: `step()` says how long the step takes, the driver
+waits (real time under Ray Serve, virtual time in the cluster simulator).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import deque
+from dataclasses import dataclass, field
+
+from orchestrator.kv.events import KVEvent
+from orchestrator.sim.block_manager import BlockManager, SequenceBlocks
+from orchestrator.sim.perf_model import Batch, PerfModel
+
+VOCAB = 32000
+
+
+class State(enum.Enum):
+    WAITING = "waiting"
+    TRANSFERRING = "transferring"  # KV on its way from a prefill replica
+    RUNNING = "running"
+    HELD = "held"  # prefill done, blocks kept for a remote decode
+    FINISHED = "finished"
+
+
+@dataclass
+class SimRequest:
+    request_id: str
+    prompt: list[int]
+    max_tokens: int
+    hold_for_transfer: bool = False  # prefill role: keep KV after the first token
+    transfer_done_at: float | None = None  # decode of a remote prefill: KV arrives then
+    state: State = State.WAITING
+    seq: SequenceBlocks | None = None
+    generated: list[int] = field(default_factory=list)
+    cached_tokens: int = 0
+    transferred_tokens: int = 0
+    preemptions: int = 0
+
+    @property
+    def context(self) -> int:
+        return len(self.prompt) + len(self.generated)
+
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens whose KV the next steps compute before the next output token."""
+        return self.context - self.seq.computed_tokens if self.seq is not None else self.context
+
+    @property
+    def in_prefill(self) -> bool:
+        """Computing a prompt (or, after a preemption, prompt and output so far);
+        a decode step computes just the last generated token."""
+        return self.pending_tokens > 1 or not self.generated
+
+
+@dataclass(frozen=True)
+class Emitted:
+    request_id: str
+    token_id: int
+    first: bool
+    finished: bool
+
+
+@dataclass
+class StepResult:
+    duration_s: float
+    emitted: list[Emitted]
+    events: list[KVEvent]
+    prompt_tokens_computed: int = 0
+
+
+def output_token(prompt: list[int], position: int) -> int:
+    return hash((tuple(prompt[-16:]), len(prompt), position)) % (VOCAB - 100) + 100
+
+
+class SimCore:
+    def __init__(self, perf: PerfModel, num_blocks: int, block_size: int, max_num_seqs: int = 256,
+                 max_batched_tokens: int = 8192, enable_prefix_caching: bool = True) -> None:
+        self.perf = perf
+        self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching)
+        self.max_num_seqs = max_num_seqs
+        self.max_batched_tokens = max_batched_tokens
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []
+        self.transferring: list[SimRequest] = []
+        self.held: dict[str, SimRequest] = {}
+        self.requests: dict[str, SimRequest] = {}
+        self.now = 0.0
+        # Cumulative counters, as an engine reports them.
+        self.prompt_tokens_computed = 0
+        self.prompt_tokens_cached = 0
+        self.prompt_tokens_transferred = 0
+        self.generation_tokens = 0
+        self.finished = 0
+
+    # -- requests ---------------------------------------------------------------
+
+    def add(self, req: SimRequest) -> None:
+        self.requests[req.request_id] = req
+        if req.transfer_done_at is not None:
+            req.state = State.TRANSFERRING
+            self.transferring.append(req)
+        else:
+            self.waiting.append(req)
+
+    def abort(self, request_id: str) -> None:
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return
+        for queue in (self.running, self.transferring):
+            if req in queue:
+                queue.remove(req)
+        if req in self.waiting:
+            self.waiting.remove(req)
+        self.held.pop(request_id, None)
+        self._finish(req)
+
+    def release(self, request_id: str) -> None:
+        """The remote decode has read this prefill's KV: free it."""
+        req = self.held.pop(request_id, None)
+        if req is not None:
+            self.requests.pop(request_id, None)
+            self._finish(req)
+
+    # -- load ---------------------------------------------------------------------
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting) + len(self.transferring)
+
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting or self.transferring)
+
+    def next_transfer_at(self) -> float | None:
+        return min((r.transfer_done_at for r in self.transferring), default=None)
+
+    # -- the step -------------------------------------------------------------------
+
+    def step(self) -> StepResult:
+        self._land_transfers()
+        budget = self.max_batched_tokens
+        plan: list[tuple[SimRequest, int]] = []
+        for req in self.running:
+            if budget <= 0:
+                break
+            n = min(req.pending_tokens, budget)
+            plan.append((req, n))
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            req = self.waiting[0]
+            seq = self.blocks.allocate(req.prompt + req.generated)
+            if seq is None:
+                break
+            self.waiting.popleft()
+            req.seq, req.state = seq, State.RUNNING
+            if not req.preemptions:
+                req.cached_tokens = seq.cached_tokens
+                self.prompt_tokens_cached += seq.cached_tokens
+            self.running.append(req)
+            n = min(req.pending_tokens, budget)
+            plan.append((req, n))
+            budget -= n
+        if not plan:
+            return StepResult(0.0, [], self.blocks.drain_events())
+        batch = Batch(
+            prefill=tuple((n, r.seq.computed_tokens) for r, n in plan if r.in_prefill),
+            decode_contexts=tuple(r.context for r, n in plan if not r.in_prefill),
+        )
+        duration = self.perf.step_time(batch)
+        self.now += duration
+        return StepResult(duration, self._advance(plan), self.blocks.drain_events(),
+                          prompt_tokens_computed=sum(n for (n, _) in batch.prefill))
+
+    def _advance(self, plan: list[tuple[SimRequest, int]]) -> list[Emitted]:
+        emitted = []
+        for req, n in plan:
+            if req.state is not State.RUNNING:
+                continue  # preempted earlier in this step
+            if req.in_prefill:
+                self.prompt_tokens_computed += n
+            self.blocks.mark_computed(req.seq, n)
+            if req.pending_tokens > 0:
+                continue  # more prompt chunks to go
+            token = output_token(req.prompt, len(req.generated))
+            first = not req.generated
+            req.generated.append(token)
+            self.generation_tokens += 1
+            done = len(req.generated) >= req.max_tokens
+            emitted.append(Emitted(req.request_id, token, first, done or req.hold_for_transfer))
+            if req.hold_for_transfer:
+                self.running.remove(req)
+                req.state = State.HELD
+                self.held[req.request_id] = req
+            elif done:
+                self.running.remove(req)
+                self.requests.pop(req.request_id, None)
+                self._finish(req)
+            else:
+                self._make_room(req, token)
+        return emitted
+
+    def _make_room(self, req: SimRequest, token: int) -> None:
+        """The slot for the token just emitted. Out of blocks: the newest running
+        request goes back to waiting, to recompute its prompt and the tokens
+        it had (vLLM's recompute preemption), until the slot fits."""
+        while not self.blocks.append_slot(req.seq, token):
+            victim = self.running[-1]
+            self.running.remove(victim)
+            self.blocks.free(victim.seq)
+            victim.state, victim.seq = State.WAITING, None
+            victim.preemptions += 1
+            self.waiting.appendleft(victim)
+            if victim is req:
+                return  # it recomputes its context, the emitted token included, then goes on
+
+    def _land_transfers(self) -> None:
+        """Transfers whose KV has arrived: their prompts become computed blocks."""
+        for req in [r for r in self.transferring if r.transfer_done_at <= self.now]:
+            seq = self.blocks.allocate(req.prompt)
+            if seq is None:
+                continue  # no room yet: it stays in transit
+            self.transferring.remove(req)
+            req.seq, req.state = seq, State.RUNNING
+            req.cached_tokens = seq.cached_tokens
+            moved = len(req.prompt) - 1 - seq.computed_tokens
+            if moved > 0:
+                self.blocks.mark_computed(seq, moved)
+                req.transferred_tokens = moved
+                self.prompt_tokens_transferred += moved
+            self.running.append(req)
+
+    def _finish(self, req: SimRequest) -> None:
+        if req.seq is not None:
+            self.blocks.free(req.seq)
+            req.seq = None
+        req.state = State.FINISHED
+        self.finished += 1
