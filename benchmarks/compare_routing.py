@@ -7,6 +7,7 @@ Systems (same tiny model, same engine settings, 4 aggregated replicas each):
   ours-approximate      our app, KV-aware routing without events (route memory)
   sglang-cache-aware    SGLang's model gateway router (cache_aware) before 4 vLLM servers
   ray-serve-llm-prefix  Ray Serve LLM's app with its PrefixCacheAffinityRouter
+  dynamo-kv             NVIDIA Dynamo 1.6.1's frontend (KV router) before 4 dynamo.vllm workers
 Workloads:
   mooncake  the first N requests of Mooncake's conversation trace, each 512-token
             hash block scaled to 16 tokens (sharing kept), on the trace's own
@@ -47,7 +48,8 @@ from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
 TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
 REPLICAS = 4
-SYSTEMS = ["ours-round-robin", "ours-kv-events", "ours-approximate", "sglang-cache-aware", "ray-serve-llm-prefix"]
+SYSTEMS = ["ours-round-robin", "ours-kv-events", "ours-approximate", "sglang-cache-aware", "ray-serve-llm-prefix",
+           "dynamo-kv"]
 
 
 OURS_ROUTING: dict = {}  # --ours-routing overrides for experiments
@@ -72,6 +74,10 @@ def start(system: str, log: Path, kv_cache_gib: float):
         return _sglang(base, log)
     if system == "ray-serve-llm-prefix":
         return ray_serve_llm(base, REPLICAS, log)
+    if system == "dynamo-kv":
+        from benchmarks.dynamo_peer import dynamo_kv
+
+        return dynamo_kv(base, REPLICAS, log)
     raise ValueError(system)
 
 
@@ -118,6 +124,7 @@ def main() -> None:
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--ours-routing", nargs="*", default=[], help="routing overrides for our KV-aware systems, k=v")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compare_routing.json"))
+    p.add_argument("--merge", action="store_true", help="add these systems' results to the existing --out")
     args = p.parse_args()
     OURS_ROUTING.update({k: float(v) for k, v in (kv.split("=", 1) for kv in args.ours_routing)})
     make_tiny_model(MODEL_DIR)
@@ -132,9 +139,14 @@ def main() -> None:
     logs.mkdir(parents=True, exist_ok=True)
     doc = {"benchmark": "compare_routing", "version": 1, "hardware": hardware(), "replicas": REPLICAS,
            "slo": {t.key: t.limit_ms for t in slo}, "workloads": {}}
+    if args.merge and Path(args.out).exists():
+        doc = json.loads(Path(args.out).read_text())
     for name in args.workloads.split(","):
         description, specs, time_scale, kv_gib = workload(name, pool, args)
-        results = {}
+        previous = doc["workloads"].get(name)
+        if previous and previous["workload"] != json.loads(json.dumps(description)):
+            sys.exit(f"--merge: workload {name!r} differs from the one in {args.out}")
+        results = previous["results"] if previous else {}
         for system in args.systems.split(","):
             print(f"== {name} / {system}", flush=True)
             started = time.time()

@@ -59,6 +59,7 @@ class Frontend:
             metrics=self.metrics,
             prefill_timeout_s=app.frontend.prefill_timeout_s,
             max_migrations=app.frontend.max_migrations,
+            detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
         )
         card = ModelCard(name=app.model.name, max_model_len=app.model.max_model_len, created=int(time.time()))
         self.service = CompletionService(card, PromptRenderer(tokenizer), path, self.metrics, limits=app.frontend.limits,

@@ -19,7 +19,7 @@ import json
 import os
 import platform
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -128,7 +128,22 @@ async def sweep(target: Target, make_requests: Callable[[int, int], Sequence[Req
                 requests_per_point: Callable[[int], int], slo: list[SloTerm], max_concurrency: int,
                 on_point: Callable[[SweepPoint], None] = lambda p: None,
                 progress: Callable[[int], Callable[[], None]] = lambda n: (lambda: None)) -> list[SweepPoint]:
-    """`make_requests(n, offset)` gives n fresh requests (offset: how many came before)."""
+    """A concurrency sweep against a server. `make_requests(n, offset)` gives n
+    fresh requests (offset: how many came before)."""
+    async def run_point(concurrency: int, specs: Sequence[RequestSpec]) -> RunResult:
+        records, duration = await run_concurrency(target, specs, concurrency, progress(len(specs)))
+        return summarize(records, duration, slo)
+
+    return await sweep_with(run_point, make_requests, concurrencies, requests_per_point, max_concurrency, on_point)
+
+
+async def sweep_with(run_point: Callable[[int, Sequence[RequestSpec]], Awaitable[RunResult]],
+                     make_requests: Callable[[int, int], Sequence[RequestSpec]], concurrencies: Sequence[int],
+                     requests_per_point: Callable[[int], int], max_concurrency: int,
+                     on_point: Callable[[SweepPoint], None] = lambda p: None) -> list[SweepPoint]:
+    """The sweep itself, whatever runs a point (a server, the simulator): the
+    levels given, then x1.5 past the last one until goodput falls below half
+    its best or `max_concurrency` is reached."""
     points: list[SweepPoint] = []
     levels = list(concurrencies)
     used = 0
@@ -138,8 +153,7 @@ async def sweep(target: Target, make_requests: Callable[[int, int], Sequence[Req
         n = requests_per_point(c)
         specs = make_requests(n, used)
         used += n
-        records, duration = await run_concurrency(target, specs, c, progress(n))
-        point = SweepPoint(c, summarize(records, duration, slo))
+        point = SweepPoint(c, await run_point(c, specs))
         points.append(point)
         on_point(point)
         curve = [(p.concurrency, p.result.goodput_requests) for p in points]

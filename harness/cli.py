@@ -26,12 +26,22 @@ from harness.workloads import AzureTrace, LengthDist, MooncakeTrace, SyntheticWo
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """`orchestrator bench`: a server, and the workload and load to offer it."""
     p.add_argument("--url", required=True, help="server base URL, e.g. http://127.0.0.1:8000")
     p.add_argument("--model", help="model name to send (default: the server's first /v1/models entry)")
     p.add_argument("--label", help="system label in the results (default: the URL)")
     p.add_argument("--engine", default="unknown")
     p.add_argument("--engine-version", default="unknown")
     p.add_argument("--precision", default="unknown")
+    p.add_argument("--warmup", type=int, default=4)
+    p.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (lengths then vary)")
+    p.add_argument("--text-prompts", action="store_true",
+                   help="send prompts as text (needs --tokenizer; prompts use whole-word tokens that round-trip)")
+    add_workload_arguments(p)
+
+
+def add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """The workload and the load mode, shared by `bench` and `simulate`."""
     p.add_argument("--vocab-size", type=int, help="token ids are drawn below this")
     p.add_argument("--tokenizer", help="tokenizer directory to read the vocabulary size from")
     p.add_argument("--workload", choices=["synthetic", "mooncake", "azure"], default="synthetic")
@@ -55,11 +65,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--num-requests", type=int, default=200, help="requests for --mode rate/trace")
     p.add_argument("--time-scale", type=float, default=1.0, help="trace: <1 replays faster")
     p.add_argument("--rate-scale", type=float, default=1.0, help="trace: >1 sends at a higher rate")
-    p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--slo", nargs="*", default=[], help="e.g. ttft_p99_ms=500 itl_p50_ms=30")
-    p.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (lengths then vary)")
-    p.add_argument("--text-prompts", action="store_true",
-                   help="send prompts as text (needs --tokenizer; prompts use whole-word tokens that round-trip)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="result JSON path (a .md and .png are written beside it)")
 
@@ -72,8 +78,8 @@ def _tokenizer(args: argparse.Namespace):
     return load_tokenizer(str(Path(args.tokenizer).expanduser()))
 
 
-def _pool(args: argparse.Namespace, tokenizer) -> TokenPool:
-    if args.text_prompts:
+def token_pool(args: argparse.Namespace, tokenizer) -> TokenPool:
+    if getattr(args, "text_prompts", False):
         if tokenizer is None:
             raise SystemExit("--text-prompts needs --tokenizer")
         return TokenPool.words(tokenizer)
@@ -84,7 +90,7 @@ def _pool(args: argparse.Namespace, tokenizer) -> TokenPool:
     raise SystemExit("give --vocab-size or --tokenizer so that token ids stay in the vocabulary")
 
 
-def _workload(args: argparse.Namespace, pool: TokenPool):
+def make_workload(args: argparse.Namespace, pool: TokenPool):
     if args.workload == "synthetic":
         return SyntheticWorkload(
             isl=LengthDist(args.isl, args.isl_std, max=args.max_isl), osl=LengthDist(args.osl, args.osl_std, max=args.max_osl),
@@ -98,9 +104,7 @@ def _workload(args: argparse.Namespace, pool: TokenPool):
                       max_isl=args.max_isl, max_osl=args.max_osl, seed=args.seed)
 
 
-def _requests(workload, n: int, skip: int = 0):
-    if isinstance(workload, SyntheticWorkload):
-        return workload.requests(skip + n)[skip:]
+def take_requests(workload, n: int, skip: int = 0):
     return workload.requests(skip + n)[skip:]
 
 
@@ -112,14 +116,14 @@ def run_bench(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
     tokenizer = _tokenizer(args)
-    workload = _workload(args, _pool(args, tokenizer))
+    workload = make_workload(args, token_pool(args, tokenizer))
     model = args.model or _model(args.url)
     detokenize = (lambda ids: tokenizer.decode(list(ids))) if args.text_prompts else None
     target = Target(args.url, model, ignore_eos=not args.no_ignore_eos, detokenize=detokenize)
     slo = parse_slo(args.slo)
     system = SystemInfo(label=args.label or args.url, model=model, precision=args.precision, engine=args.engine,
                         engine_version=args.engine_version)
-    warmups = _requests(workload, args.warmup) if args.warmup else []
+    warmups = take_requests(workload, args.warmup) if args.warmup else []
     run_async(warm_up(target, warmups))
     skip = len(warmups)
     bar = tqdm(unit="req", desc=args.mode)
@@ -136,13 +140,13 @@ def run_bench(args: argparse.Namespace) -> int:
                 "max_concurrency": args.max_concurrency, "warmup": args.warmup}
         run = BenchRun(system, workload.describe(), load, slo)
         run.points = run_async(sweep(
-            target, lambda n, offset: _requests(workload, n, skip + offset), levels, per_point, slo,
+            target, lambda n, offset: take_requests(workload, n, skip + offset), levels, per_point, slo,
             args.max_concurrency, on_point=lambda p: bar.write(f"concurrency {p.concurrency}: "
                                                                 f"{p.result.request_throughput:.2f} req/s, goodput "
                                                                 f"{p.result.goodput_requests:.2f}"),
             progress=progress))
     else:
-        specs = _requests(workload, args.num_requests, skip)
+        specs = take_requests(workload, args.num_requests, skip)
         tick = progress(len(specs))
         if args.mode == "rate":
             if not args.rate:

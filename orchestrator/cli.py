@@ -36,6 +36,12 @@ def _bench(args: argparse.Namespace) -> int:
     return run_bench(args)
 
 
+def _simulate(args: argparse.Namespace) -> int:
+    from harness.simulate import run_simulation
+
+    return run_simulation(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="orchestrator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -53,6 +59,12 @@ def main(argv: list[str] | None = None) -> int:
 
     add_arguments(p)
     p.set_defaults(func=_bench)
+
+    p = sub.add_parser("simulate", help="the cluster simulator: real scheduler, simulated replicas, virtual time")
+    from harness.simulate import add_arguments as add_simulate_arguments
+
+    add_simulate_arguments(p)
+    p.set_defaults(func=_simulate)
 
     p = sub.add_parser("sample-request", help="wait for a server to be ready, send one chat request, print it")
     p.add_argument("--url", default="http://127.0.0.1:8000")

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import enum
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, PositiveFloat, PositiveInt, Tag, model_validator
 
 # vLLM's CPU attention backend only accepts block sizes that are multiples of 32.
 CPU_BLOCK_SIZE_MULTIPLE = 32
@@ -98,9 +98,46 @@ class VllmEngineConfig(_Strict):
         return self
 
 
+class SimEngineConfig(_Strict):
+    """A simulated engine (orchestrator/sim): vLLM-style continuous batching,
+    paged KV with prefix caching and KV events, timed by a performance model,
+    in real time. Needs no accelerator."""
+
+    kind: Literal["sim"]
+    gpu: Literal["H100", "H200", "A100"] = "H100"
+    model: Literal["llama-3.1-8b", "llama-3.1-70b", "qwen3-32b"] = "llama-3.1-8b"
+    tensor_parallel_size: PositiveInt = 1
+    profile: str | None = Field(
+        default=None, description="A profile from `orchestrator profile`; its measured step times replace the "
+        "roofline of gpu/model.")
+    num_gpu_blocks: PositiveInt | None = Field(
+        default=None, description="KV capacity in blocks; None: what the GPU memory left after the weights holds "
+        "(roofline), or the profile's measured capacity.")
+    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
+    max_num_seqs: PositiveInt = 256
+    max_num_batched_tokens: PositiveInt = 8192
+    link: Literal["nvlink", "infiniband", "pcie"] = Field(
+        default="infiniband", description="The prefill -> decode KV transfer path the handoff time is modelled on.")
+
+    @property
+    def device(self) -> None:
+        return None  # simulated: runs on a CPU core whatever it models
+
+
+def _engine_kind(value: Any) -> str:
+    return value.get("kind", "vllm") if isinstance(value, dict) else value.kind
+
+
+EngineConfig = Annotated[
+    Annotated[VllmEngineConfig, Tag("vllm")] | Annotated[SimEngineConfig, Tag("sim")],
+    Discriminator(_engine_kind, custom_error_type="engine_kind",
+                  custom_error_message="engine.kind must be 'vllm' or 'sim'"),
+]
+
+
 class PoolConfig(_Strict):
     replicas: PositiveInt = 1
-    engine: VllmEngineConfig
+    engine: EngineConfig
     num_cpus: float = Field(default=1.0, ge=0, description="Ray logical CPUs per replica.")
     max_ongoing_requests: PositiveInt = Field(
         default=256, description="Serve-level cap per replica; the engine queues beyond its batch."

@@ -23,8 +23,8 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass, replace
 
 from orchestrator.engines.base import EngineRequestRejected
 from orchestrator.metrics import FrontendMetrics
@@ -60,6 +60,7 @@ class RequestPath:
         prefill_timeout_s: float,
         max_migrations: int = 2,
         clock: Callable[[], float] = time.perf_counter,
+        detokenize: Callable[[Sequence[int]], str] | None = None,
     ) -> None:
         self.decode_pool = decode_pool
         self.prefill_pool = prefill_pool
@@ -68,6 +69,10 @@ class RequestPath:
         self.prefill_timeout_s = prefill_timeout_s
         self.max_migrations = max_migrations
         self.clock = clock
+        # Text of a migrated stream's continuation: a new engine request does
+        # not know the text already sent, so its own detokenizer can disagree
+        # at the seam (a character split across tokens). None: trust the engine.
+        self.detokenize = detokenize
 
     async def stream(self, request: EngineRequest, trace: RequestTrace) -> AsyncIterator[EngineChunk]:
         prefill_replicas = self.prefill_pool.replicas() if self.prefill_pool is not None else None
@@ -89,6 +94,7 @@ class RequestPath:
 
     async def _decode(self, original: EngineRequest, request: EngineRequest, trace: RequestTrace) -> AsyncIterator[EngineChunk]:
         generated: list[int] = []
+        sent_text = ""
         failed: set[str] = set()
         while True:
             try:
@@ -97,6 +103,9 @@ class RequestPath:
                         if chunk.num_prompt_tokens:
                             self.scheduler.on_prefill_done(original.request_id)
                         generated.extend(chunk.token_ids)
+                        if trace.migrations and self.detokenize is not None:
+                            chunk = replace(chunk, text=self._continued_text(generated, sent_text, chunk.finished))
+                        sent_text += chunk.text
                         yield chunk
                 return
             except EngineRequestRejected:
@@ -111,6 +120,15 @@ class RequestPath:
                 log.warning("decode of %s failed after %d tokens (%s: %s); migrating (attempt %d)",
                             original.request_id, len(generated), type(e).__name__, e, trace.migrations)
                 request = self._migrate(original, generated, failed, trace.migrations)
+
+    def _continued_text(self, generated: list[int], sent_text: str, finished: bool) -> str:
+        """What the uninterrupted stream would add now: the text of every token
+        so far past what was sent, held back while it ends in an incomplete
+        character (as vLLM's incremental detokenizer does)."""
+        text = self.detokenize(generated)
+        if not finished and text.endswith("\ufffd"):
+            return ""
+        return text[len(sent_text):]
 
     def _migrate(self, original: EngineRequest, generated: list[int], failed: set[str], attempt: int) -> EngineRequest:
         """The continuation, routed to a decode replica that has not failed it."""

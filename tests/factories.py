@@ -64,6 +64,9 @@ class FakePool:
     generate_error: Exception = field(default_factory=lambda: RuntimeError("replica died"))
     # Only this replica fails (None: every replica); the others continue greedy output.
     failing_replica: str | None = None
+    # Text a continuation's engine wrongly adds at the seam (vLLM's detokenizer
+    # restarting on prompt tokens that end inside a character).
+    continuation_seam_text: str = ""
     chunk_delay_s: float = 0.0
     prefills: list[EngineRequest] = field(default_factory=list)
     generates: list[EngineRequest] = field(default_factory=list)
@@ -95,9 +98,10 @@ class FakePool:
                 if self.generate_error_after is not None and i == self.generate_error_after and fails_here:
                     raise self.generate_error
                 await asyncio.sleep(self.chunk_delay_s)
+                seam = self.continuation_seam_text if already and i == 0 else ""
                 yield EngineChunk(
                     token_ids=(OUT + already + i,),
-                    text=token_text(OUT + already + i),
+                    text=seam + token_text(OUT + already + i),
                     finish_reason=FinishReason.LENGTH if i == n - 1 else None,
                     num_prompt_tokens=len(request.prompt_token_ids) if i == 0 else 0,
                     num_cached_tokens=cached if i == 0 else 0,
@@ -137,7 +141,8 @@ def make_frontend(
     prefill = (prefill or FakePool("prefill_pool")) if disaggregated else None
     pools = {"decode_pool": decode, **({"prefill_pool": prefill} if prefill else {})}
     metrics = FrontendMetrics(pools=lambda: {name: p.replicas() for name, p in pools.items()})
-    path = RequestPath(decode, prefill, RoundRobinScheduler(), metrics, prefill_timeout_s=prefill_timeout_s)
+    path = RequestPath(decode, prefill, RoundRobinScheduler(), metrics, prefill_timeout_s=prefill_timeout_s,
+                       detokenize=lambda ids: "".join(map(token_text, ids)))
     ids = iter(range(1_000_000))
     service = CompletionService(
         ModelCard(MODEL, max_model_len, created=0), PromptRenderer(WordTokenizer()), path, metrics,

@@ -21,13 +21,18 @@ def create_engine(app: AppConfig, pool: PoolConfig, role: EngineRole, host: str)
 
         return VllmEngine(app.model, app.kv_cache, pool.engine, role, host, app.network,
                           publish_kv_events=publishes_kv_events(app))
+    if pool.engine.kind == "sim":
+        from orchestrator.engines.sim_engine import SimEngine
+
+        return SimEngine(app.model, app.kv_cache, pool.engine, role, host,
+                         publish_kv_events=publishes_kv_events(app))
     raise ValueError(f"unknown engine kind {pool.engine.kind!r}")
 
 
 def kv_event_decoder(engine_kind: str) -> Callable[[bytes, bytes], KVEventBatch]:
     """The decoder of an engine kind's KV event messages: (sequence frame,
     payload frame) -> batch; raises ValueError on garbage."""
-    if engine_kind == "vllm":
+    if engine_kind in ("vllm", "sim"):  # the simulated engine speaks vLLM's format
         from orchestrator.engines.vllm_kv_events import decode_batch
 
         return decode_batch

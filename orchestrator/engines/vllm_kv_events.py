@@ -110,3 +110,23 @@ def events_config(topic: str) -> dict[str, Any]:
         "replay_endpoint": BIND_NODE_ADDRESS,
         "topic": topic,
     }
+
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def _wire(event: KVEvent) -> _Event:
+    if isinstance(event, BlockStored):
+        return _BlockStored(tuple(event.engine_hashes), event.parent_engine_hash, tuple(event.token_ids),
+                            event.block_size)
+    if isinstance(event, BlockRemoved):
+        return _BlockRemoved(tuple(event.engine_hashes))
+    return _AllBlocksCleared()
+
+
+def encode_batch(batch: KVEventBatch) -> tuple[bytes, bytes]:
+    """(sequence frame, payload frame) exactly as vLLM's ZMQ publisher sends a
+    batch; `decode_batch` inverts it. Lets a non-vLLM engine (the simulated
+    one) feed the same subscriber and index."""
+    payload = _encoder.encode(_Batch(batch.ts, [_wire(e) for e in batch.events]))
+    return batch.seq.to_bytes(8, "big", signed=True), payload

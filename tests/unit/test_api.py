@@ -314,6 +314,15 @@ def test_a_decode_replica_failing_mid_stream_is_migrated_without_a_gap():
     assert fe.metric("orchestrator_decode_migrations_total") == 1
 
 
+def test_a_migrated_stream_text_is_the_frontends_not_the_new_engines():
+    decode = FakePool("decode_pool", generate_error_after=3, failing_replica="r0", continuation_seam_text="<prompt>")
+    fe = make_frontend(decode=decode)
+    body = {"model": MODEL, "prompt": "a b c", "max_tokens": 8, "stream": True}
+    events = sse.parse_events(run(_post(fe, "/v1/completions", body)).text)
+    text = "".join(e["choices"][0]["text"] for e in events[:-1] if "choices" in e and e["choices"])
+    assert text == "".join(token_text(OUT + i) for i in range(8))
+
+
 def test_migration_is_bounded_and_then_the_error_reaches_the_client():
     fe = make_frontend(decode=FakePool("decode_pool", generate_error_after=1))  # every replica fails
     r = run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "a", "max_tokens": 8}))

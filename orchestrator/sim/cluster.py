@@ -1,0 +1,254 @@
+"""The cluster simulator: the project's real scheduler (KV index fed by KV
+events, cost function, conditional disaggregation) in front of N simulated
+replicas, on a virtual clock. Discrete events, one loop:
+
+    arrival      route_request(views) -> remote prefill on P, or prefill on D
+    step start   core.step() on a replica with work; its duration from the perf model
+    step end     its tokens reach their requests, its KV events reach the index
+                 (after `kv_event_delay_s`), the replica steps again if it has work
+    prefill done the prompt's KV leaves P for D over the link; D's request waits
+                 for it; P frees its blocks when the transfer is over
+
+Nothing here sleeps or does I/O: an hour of trace runs in seconds of CPU.
+Deterministic for a given seed (the scheduler's sampling draws from it).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from orchestrator.config import RoutingConfig
+from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats
+from orchestrator.kv.events import KVEventBatch
+from orchestrator.kv.index import KVIndex
+from orchestrator.kv.ingest import KVEventIngest
+from orchestrator.pools import ReplicaView
+from orchestrator.requests import EngineRequest, SamplingSpec
+from orchestrator.routing import make_scheduler
+from orchestrator.routing.base import RouteDecision
+from orchestrator.sim.core import Emitted, SimCore, SimRequest, StepResult
+from orchestrator.sim.link import LinkSpec
+from orchestrator.sim.perf_model import PerfModel
+
+
+class Arrival(Protocol):
+    prompt_token_ids: Sequence[int]
+    max_tokens: int
+    arrival_s: float | None
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    prefill_replicas: int  # 0: aggregated serving
+    decode_replicas: int
+    num_blocks: int  # KV capacity of each replica
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    routing: RoutingConfig = RoutingConfig()
+    kv_event_delay_s: float = 0.002  # engine -> ZMQ -> frontend index
+
+
+@dataclass
+class RequestOutcome:
+    """One request as a client would have timed it, in virtual seconds."""
+
+    request_id: str
+    arrival_s: float
+    prompt_tokens: int
+    max_tokens: int
+    token_times: list[float] = field(default_factory=list)
+    cached_tokens: int = 0
+    route: RouteDecision | None = None
+
+    @property
+    def finished(self) -> bool:
+        return len(self.token_times) >= self.max_tokens
+
+    @property
+    def ttft_s(self) -> float | None:
+        return self.token_times[0] - self.arrival_s if self.token_times else None
+
+    @property
+    def itl_s(self) -> list[float]:
+        t = self.token_times
+        return [b - a for a, b in zip(t, t[1:])]
+
+    @property
+    def e2e_s(self) -> float | None:
+        return self.token_times[-1] - self.arrival_s if self.finished else None
+
+
+class _Replica:
+    def __init__(self, replica_id: str, role: EngineRole, core: SimCore, block_size: int) -> None:
+        self.replica_id = replica_id
+        self.role = role
+        self.core = core
+        self.stepping = False
+        self.event_seq = 0
+        self.info = EngineInfo(role=role, engine_kind="sim", engine_version="cluster", engine_id=replica_id,
+                               model="sim", block_size=block_size, max_model_len=1 << 20, host="sim",
+                               kv_capacity_blocks=core.blocks.num_blocks)
+
+    def view(self) -> ReplicaView:
+        core = self.core
+        stats = EngineStats(num_running=core.num_running, num_waiting=core.num_waiting,
+                            kv_cache_usage=1.0 - core.blocks.free_blocks / core.blocks.num_blocks)
+        return ReplicaView(self.replica_id, self.info, stats)
+
+
+class ClusterSim:
+    def __init__(self, spec: ClusterSpec, perf: PerfModel, link: LinkSpec, seed: int = 0,
+                 vocab_size: int = 32000) -> None:
+        self.spec = spec
+        self.perf = perf
+        self.link = link
+        self.now = 0.0
+        self._events: list[tuple[float, int, Callable[[], None]]] = []
+        self._order = itertools.count()
+        self.index = KVIndex()
+        self.ingest = KVEventIngest(self.index)
+        self.scheduler = make_scheduler(spec.routing, spec.block_size, self.index, clock=lambda: self.now,
+                                        rng=random.Random(seed))
+
+        def make(prefix: str, role: EngineRole, n: int) -> list[_Replica]:
+            return [_Replica(f"{prefix}{i}", role, SimCore(perf, spec.num_blocks, spec.block_size, spec.max_num_seqs,
+                                                          spec.max_num_batched_tokens, vocab_size=vocab_size),
+                             spec.block_size) for i in range(n)]
+
+        decode_role = EngineRole.DECODE if spec.prefill_replicas else EngineRole.AGGREGATED
+        self.prefill = make("p", EngineRole.PREFILL, spec.prefill_replicas)
+        self.decode = make("d", decode_role, spec.decode_replicas)
+        self.replicas = {r.replica_id: r for r in self.prefill + self.decode}
+        for replica_id in self.replicas:
+            self.index.add_replica(replica_id)
+        self.outcomes: dict[str, RequestOutcome] = {}
+        self._prefill_of: dict[str, tuple[str, EngineRequest, RouteDecision]] = {}  # prefill id -> original
+        self._on_finished: Callable[[], None] = lambda: None
+
+    # -- the loop ------------------------------------------------------------------
+
+    def run(self, arrivals: Sequence[Arrival], until_s: float | None = None) -> list[RequestOutcome]:
+        """Open loop: each request arrives at its `arrival_s`."""
+        for i, a in enumerate(arrivals):
+            self._at(a.arrival_s or 0.0, lambda i=i, a=a: self._arrive(f"r{i}", a))
+        return self._loop(until_s)
+
+    def run_closed(self, requests: Sequence[Arrival], concurrency: int) -> list[RequestOutcome]:
+        """Closed loop: `concurrency` clients, each sending its next request
+        when its previous one finishes (arrival times are ignored)."""
+        pending = iter(enumerate(requests))
+
+        def send_next() -> None:
+            item = next(pending, None)
+            if item is not None:
+                self._arrive(f"r{item[0]}", item[1])
+
+        self._on_finished = send_next
+        for _ in range(concurrency):
+            self._at(0.0, send_next)
+        return self._loop(None)
+
+    def _loop(self, until_s: float | None) -> list[RequestOutcome]:
+        while self._events:
+            t, _, action = heapq.heappop(self._events)
+            if until_s is not None and t > until_s:
+                break
+            self.now = t
+            action()
+        return list(self.outcomes.values())
+
+    def _at(self, t: float, action: Callable[[], None]) -> None:
+        heapq.heappush(self._events, (t, next(self._order), action))
+
+    # -- requests ------------------------------------------------------------------
+
+    def _arrive(self, request_id: str, a: Arrival) -> None:
+        request = EngineRequest(request_id, tuple(a.prompt_token_ids), SamplingSpec(max_tokens=a.max_tokens))
+        prefill_views = [r.view() for r in self.prefill] if self.spec.prefill_replicas else None
+        route = self.scheduler.route_request(request, prefill_views, [r.view() for r in self.decode])
+        self.outcomes[request_id] = RequestOutcome(request_id, self.now, len(request.prompt_token_ids), a.max_tokens,
+                                                   route=route)
+        if route.remote_prefill:
+            prefill_id = f"{request_id}-prefill"
+            self._prefill_of[prefill_id] = (request_id, request, route)
+            self._submit(route.prefill_replica, SimRequest(prefill_id, list(request.prompt_token_ids), 1,
+                                                           hold_for_transfer=True))
+        else:
+            self._submit(route.decode_replica, SimRequest(request_id, list(request.prompt_token_ids), a.max_tokens))
+
+    def _submit(self, replica_id: str, request: SimRequest) -> None:
+        replica = self.replicas[replica_id]
+        replica.core.add(request)
+        self._kick(replica)
+
+    def _prefill_done(self, prefill_id: str, prefill_replica: _Replica, cached_tokens: int) -> None:
+        """The prompt's KV goes to the decode replica; the prefill replica
+        holds its blocks until the transfer is over."""
+        request_id, request, route = self._prefill_of.pop(prefill_id)
+        self.scheduler.on_prefill_done(request_id)
+        transfer_s = self.link.transfer_time(len(request.prompt_token_ids) * self.perf.kv_bytes_per_token)
+        self.outcomes[request_id].cached_tokens = cached_tokens
+        self._submit(route.decode_replica, SimRequest(request_id, list(request.prompt_token_ids),
+                                                      request.sampling.max_tokens,
+                                                      transfer_done_at=self.now + transfer_s))
+
+        def release() -> None:
+            prefill_replica.core.release(prefill_id)
+            self._kick(prefill_replica)
+
+        self._at(self.now + transfer_s, release)
+
+    def _token(self, replica: _Replica, emitted: Emitted) -> None:
+        request_id = emitted.request_id
+        if request_id in self._prefill_of:
+            self._prefill_done(request_id, replica, emitted.cached_tokens)
+            return
+        outcome = self.outcomes[request_id]
+        outcome.token_times.append(self.now)
+        if emitted.first:
+            self.scheduler.on_prefill_done(request_id)
+            if not outcome.route.remote_prefill:
+                outcome.cached_tokens = emitted.cached_tokens
+        if outcome.finished:
+            self.scheduler.on_request_finished(request_id)
+            self._on_finished()
+
+    # -- replicas ------------------------------------------------------------------
+
+    def _kick(self, replica: _Replica) -> None:
+        if not replica.stepping and replica.core.has_work():
+            replica.stepping = True
+            self._at(self.now, lambda: self._step(replica))
+
+    def _step(self, replica: _Replica) -> None:
+        core = replica.core
+        core.now = self.now
+        result = core.step()
+        self._publish(replica, result)
+        if result.duration_s == 0.0:  # nothing runnable: KV in transit, or no free blocks
+            replica.stepping = False
+            landing = core.next_transfer_at()
+            if landing is not None and landing > self.now:
+                replica.stepping = True
+                self._at(landing, lambda: self._step(replica))
+            return
+        self._at(core.now, lambda: self._step_end(replica, result))
+
+    def _step_end(self, replica: _Replica, result: StepResult) -> None:
+        for emitted in result.emitted:
+            self._token(replica, emitted)
+        replica.stepping = False
+        self._kick(replica)
+
+    def _publish(self, replica: _Replica, result: StepResult) -> None:
+        if not result.events:
+            return
+        batch = KVEventBatch(replica.event_seq, self.now, tuple(result.events))
+        replica.event_seq += 1
+        self._at(self.now + self.spec.kv_event_delay_s, lambda: self.ingest.on_batch(replica.replica_id, batch))
