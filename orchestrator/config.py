@@ -214,7 +214,9 @@ class RoutingConfig(_Strict):
         description="With events, a route's blocks count as present on its replicas for this long, "
         "bridging the delay before the engine's events arrive (bursts of one prefix).",
     )
-    prefill_weight: float = Field(default=1.0, ge=0, description="Cost of an uncached prompt block vs a block of decode load.")
+    prefill_weight: float = Field(
+        default=2.0, ge=0, description="Cost of an uncached prompt block vs a block of decode load. Dynamo's "
+        "default is 1; 2 keeps shared prefixes together under load (benchmarks/results/compare_routing.md).")
     temperature: float = Field(
         default=0.0, ge=0, description="0: lowest cost wins. >0: sample replicas by softmax over normalised costs."
     )

@@ -23,7 +23,7 @@ worse route, never a wrong answer — the engine checks its own hashes.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 ROOT_HASH = 0x2545F4914F6CDD1D  # the empty prefix: parent of every prompt's first block
 
@@ -37,3 +37,12 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = ROOT_H
         h = hash((h, tokens[start:start + block_size]))
         out.append(h)
     return out
+
+
+def iter_block_hashes(token_ids: Sequence[int], block_size: int, parent: int = ROOT_HASH) -> Iterator[int]:
+    """`block_hashes`, one at a time: for walks that stop at the first miss."""
+    tokens = token_ids if isinstance(token_ids, tuple) else tuple(token_ids)
+    h = parent
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        h = hash((h, tokens[start:start + block_size]))
+        yield h

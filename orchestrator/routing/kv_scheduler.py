@@ -56,7 +56,7 @@ class KvAwareScheduler:
         self.memory.expire()
         hashes = block_hashes(request.prompt_token_ids, self.block_size)
         overlaps = self.index.overlaps(hashes)
-        decode = self._cheapest(decode_replicas, len(hashes), overlaps)
+        decode = self._cheapest(decode_replicas, hashes, overlaps)
         decision = self._decide(request, hashes, overlaps, decode, prefill_replicas)
         self._account(request, hashes, decision)
         return decision
@@ -74,7 +74,7 @@ class KvAwareScheduler:
             return RouteDecision(RouteKind.LOCAL_PREFILL, reason=RouteReason.NO_PREFILL_REPLICA, **local)
         if self._prefill_saturated(prefill_replicas):
             return RouteDecision(RouteKind.LOCAL_PREFILL, reason=RouteReason.PREFILL_SATURATED, **local)
-        prefill = self._cheapest(prefill_replicas, len(hashes), overlaps, with_decode_load=False)
+        prefill = self._cheapest(prefill_replicas, hashes, overlaps, with_decode_load=False)
         return RouteDecision(
             RouteKind.REMOTE_PREFILL, decode_replica=decode, prefill_replica=prefill,
             reason=RouteReason.DISAGGREGATED,
@@ -102,14 +102,18 @@ class KvAwareScheduler:
             return max(own, view.stats.kv_cache_usage * view.info.kv_capacity_blocks)
         return own
 
-    def _cheapest(self, views: Sequence[ReplicaView], prompt_blocks: int, overlaps: dict[str, int],
+    def _cheapest(self, views: Sequence[ReplicaView], hashes: list[int], overlaps: dict[str, int],
                   with_decode_load: bool = True) -> str | None:
+        """Decode load is the replica's with this request added: a replica
+        already decoding this prompt's prefix adds only the rest."""
         if not views:
             return None
         weight, load = self.config.prefill_weight, self.load
         costs = [
-            (v.replica_id, replica_cost(prompt_blocks, overlaps.get(v.replica_id, 0), load.prefill_blocks(v.replica_id),
-                                        self.decode_load(v) if with_decode_load else 0.0, weight))
+            (v.replica_id, replica_cost(
+                len(hashes), overlaps.get(v.replica_id, 0), load.prefill_blocks(v.replica_id),
+                self.decode_load(v) + load.added_decode_blocks(v.replica_id, hashes) if with_decode_load else 0.0,
+                weight))
             for v in views
         ]
         return pick(costs, self.config.temperature, self.rng)
@@ -120,7 +124,7 @@ class KvAwareScheduler:
         blocks = len(hashes)
         prefiller = decision.prefill_replica if decision.remote_prefill else decision.decode_replica
         uncached_blocks = max(blocks - decision.predicted_cached_tokens // self.block_size, 0)
-        self.load.routed(request.request_id, prefiller, uncached_blocks, decision.decode_replica, blocks + 1)
+        self.load.routed(request.request_id, prefiller, uncached_blocks, decision.decode_replica, hashes)
         for replica in {decision.decode_replica, prefiller} - {None}:
             self.memory.remember(replica, hashes)
 

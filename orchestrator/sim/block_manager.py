@@ -20,7 +20,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from orchestrator.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from orchestrator.kv.hashing import ROOT_HASH, block_hashes
+from orchestrator.kv.hashing import ROOT_HASH, block_hashes, iter_block_hashes
 
 
 @dataclass
@@ -48,8 +48,8 @@ class BlockManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self._blocks = [_Block(i) for i in range(num_blocks)]
-        # Free blocks: those holding no cache entry, and cache entries (LRU first).
-        self._free_uncached: dict[int, None] = dict.fromkeys(range(num_blocks))
+        # Free blocks: those holding no cache entry (a stack), and cache entries (LRU first).
+        self._free_uncached: list[int] = list(range(num_blocks - 1, -1, -1))
         self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[int, int] = {}
         self._events: list[KVEvent] = []
@@ -75,31 +75,28 @@ class BlockManager:
             return []
         found = []
         # The last token is always computed, so a fully cached prompt reuses all but its last block.
-        for h in block_hashes(token_ids[:-1], self.block_size):
+        for h in iter_block_hashes(token_ids[:-1], self.block_size):
             block_id = self._cached.get(h)
             if block_id is None:
                 break
             found.append(block_id)
         return found
 
-    def can_allocate(self, token_ids: list[int]) -> bool:
-        cached = self.cached_prefix(token_ids)
-        reusable_free = sum(1 for b in cached if self._blocks[b].ref_count == 0)
-        needed = self.blocks_needed(len(token_ids)) - len(cached)
-        return needed <= self.free_blocks - reusable_free
-
     def allocate(self, token_ids: list[int]) -> SequenceBlocks | None:
         """Blocks for a new sequence's prompt: cached leading blocks are
         shared, the rest are fresh. None if they do not fit."""
-        if not self.can_allocate(token_ids):
+        cached = self.cached_prefix(token_ids)
+        reusable_free = sum(1 for b in cached if self._blocks[b].ref_count == 0)
+        fresh = self.blocks_needed(len(token_ids)) - len(cached)
+        if fresh > self.free_blocks - reusable_free:
             return None
         seq = SequenceBlocks(list(token_ids))
-        for block_id in self.cached_prefix(token_ids):
+        for block_id in cached:
             self._hold(block_id)
             seq.blocks.append(block_id)
             seq.chain.append(self._blocks[block_id].hash)
         seq.computed_tokens = seq.cached_tokens = len(seq.blocks) * self.block_size
-        for _ in range(self.blocks_needed(len(token_ids)) - len(seq.blocks)):
+        for _ in range(fresh):
             seq.blocks.append(self._take_free())
         return seq
 
@@ -128,7 +125,10 @@ class BlockManager:
             block = self._blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
-                (self._free_uncached if block.hash is None else self._free_cached)[block_id] = None
+                if block.hash is None:
+                    self._free_uncached.append(block_id)
+                else:
+                    self._free_cached[block_id] = None
         seq.blocks.clear()
 
     def reset(self) -> None:
@@ -137,7 +137,7 @@ class BlockManager:
             if block.ref_count == 0 and block.hash is not None:
                 block.hash = None
                 del self._free_cached[block.block_id]
-                self._free_uncached[block.block_id] = None
+                self._free_uncached.append(block.block_id)
         self._cached = {h: b for h, b in self._cached.items() if self._blocks[b].hash == h}
         self._events.append(AllBlocksCleared())
 
@@ -149,16 +149,14 @@ class BlockManager:
 
     def _hold(self, block_id: int) -> None:
         block = self._blocks[block_id]
-        if block.ref_count == 0:
-            self._free_uncached.pop(block_id, None)
-            self._free_cached.pop(block_id, None)
+        if block.ref_count == 0:  # only cache entries are ever taken back from the free blocks
+            del self._free_cached[block_id]
         block.ref_count += 1
 
     def _take_free(self) -> int:
         # Uncached free blocks first, then the least recently used cached one.
         if self._free_uncached:
-            block_id = next(iter(self._free_uncached))
-            del self._free_uncached[block_id]
+            block_id = self._free_uncached.pop()
         else:
             block_id, _ = self._free_cached.popitem(last=False)
         block = self._blocks[block_id]

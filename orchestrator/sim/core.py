@@ -27,6 +27,7 @@ import enum
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from orchestrator.kv.events import KVEvent
 from orchestrator.sim.block_manager import BlockManager, SequenceBlocks
@@ -43,7 +44,7 @@ class State(enum.Enum):
     FINISHED = "finished"
 
 
-@dataclass
+@dataclass(slots=True)
 class SimRequest:
     request_id: str
     prompt: list[int]
@@ -73,8 +74,7 @@ class SimRequest:
         return self.pending_tokens > 1 or not self.generated
 
 
-@dataclass(frozen=True)
-class Emitted:
+class Emitted(NamedTuple):
     request_id: str
     token_id: int
     first: bool
@@ -188,13 +188,12 @@ class SimCore:
     def step(self) -> StepResult:
         self._land_transfers()
         budget = self.max_batched_tokens
-        plan: list[tuple[SimRequest, int]] = []
+        # (request, tokens to compute this step, whether they are prompt tokens)
+        plan: list[tuple[SimRequest, int, bool]] = []
         for req in self.running:
             if budget <= 0:
                 break
-            n = min(req.pending_tokens, budget)
-            plan.append((req, n))
-            budget -= n
+            budget -= self._plan(plan, req, budget)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
             seq = self.blocks.allocate(req.prompt + req.generated)
@@ -206,31 +205,38 @@ class SimCore:
                 req.cached_tokens = seq.cached_tokens
                 self.prompt_tokens_cached += seq.cached_tokens
             self.running.append(req)
-            n = min(req.pending_tokens, budget)
-            plan.append((req, n))
-            budget -= n
+            budget -= self._plan(plan, req, budget)
         if not plan:
             return StepResult(0.0, [], self.blocks.drain_events())
         batch = Batch(
-            prefill=tuple((n, r.seq.computed_tokens) for r, n in plan if r.in_prefill),
-            decode_contexts=tuple(r.context for r, n in plan if not r.in_prefill),
+            prefill=tuple((n, r.seq.computed_tokens) for r, n, prompt in plan if prompt),
+            decode_contexts=tuple(len(r.prompt) + len(r.generated) for r, n, prompt in plan if not prompt),
         )
         duration = self.perf.step_time(batch)
         self.now += duration
         return StepResult(duration, self._advance(plan), self.blocks.drain_events(),
-                          prompt_tokens_computed=sum(n for (n, _) in batch.prefill))
+                          prompt_tokens_computed=sum(n for n, _ in batch.prefill))
 
-    def _advance(self, plan: list[tuple[SimRequest, int]]) -> list[Emitted]:
+    @staticmethod
+    def _plan(plan: list[tuple[SimRequest, int, bool]], req: SimRequest, budget: int) -> int:
+        pending = len(req.prompt) + len(req.generated) - req.seq.computed_tokens
+        n = pending if pending < budget else budget
+        plan.append((req, n, pending > 1 or not req.generated))
+        return n
+
+    def _advance(self, plan: list[tuple[SimRequest, int, bool]]) -> list[Emitted]:
         emitted = []
-        for req, n in plan:
+        for req, n, prompt in plan:
             if req.state is not State.RUNNING:
                 continue  # preempted earlier in this step
-            if req.in_prefill:
+            if prompt:
                 self.prompt_tokens_computed += n
-            self.blocks.mark_computed(req.seq, n)
-            if req.pending_tokens > 0:
+            seq = req.seq
+            self.blocks.mark_computed(seq, n)
+            context = len(req.prompt) + len(req.generated)
+            if context > seq.computed_tokens:
                 continue  # more prompt chunks to go
-            token = next_token(_tail(req), req.context, self.vocab_size)
+            token = next_token(_tail(req), context, self.vocab_size)
             first = not req.generated
             req.generated.append(token)
             self.generation_tokens += 1
