@@ -42,6 +42,18 @@ def _simulate(args: argparse.Namespace) -> int:
     return run_simulation(args)
 
 
+def _sim_server(args: argparse.Namespace) -> int:
+    from harness.sim_server import run_sim_server
+
+    return run_sim_server(args)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from harness.profile import run_profile
+
+    return run_profile(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="orchestrator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -65,6 +77,18 @@ def main(argv: list[str] | None = None) -> int:
 
     add_simulate_arguments(p)
     p.set_defaults(func=_simulate)
+
+    p = sub.add_parser("sim-server", help="one simulated engine behind the OpenAI API, without Ray")
+    from harness.sim_server import add_arguments as add_sim_server_arguments
+
+    add_sim_server_arguments(p)
+    p.set_defaults(func=_sim_server)
+
+    p = sub.add_parser("profile", help="measure one engine configuration: prefill TTFT by ISL, decode ITL by batch")
+    from harness.profile import add_arguments as add_profile_arguments
+
+    add_profile_arguments(p)
+    p.set_defaults(func=_profile)
 
     p = sub.add_parser("sample-request", help="wait for a server to be ready, send one chat request, print it")
     p.add_argument("--url", default="http://127.0.0.1:8000")

@@ -239,6 +239,44 @@ class SlaConfig(_Strict):
     itl_p50_ms: PositiveFloat | None = None
 
 
+class PlannerMode(str, enum.Enum):
+    OFF = "off"
+    ADVISORY = "advisory"  # decide and report, change nothing
+    ACT = "act"  # resize the pools through Ray Serve's autoscaling
+
+
+class PoolBounds(_Strict):
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: PositiveInt = 8
+
+    @model_validator(mode="after")
+    def _check(self) -> "PoolBounds":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+
+class PlannerConfig(_Strict):
+    """The SLA planner: every `interval_s`, observe -> predict -> propose ->
+    constrain -> act, per pool (orchestrator/planner)."""
+
+    mode: PlannerMode = PlannerMode.OFF
+    interval_s: PositiveFloat = 30.0
+    predictor: Literal["constant", "moving_average", "kalman", "seasonal"] = "kalman"
+    profile: str | None = Field(default=None, description="Engine profile (`orchestrator profile`); None: the "
+                                "simulated engine's roofline for simulated pools")
+    prefill: PoolBounds = PoolBounds()
+    decode: PoolBounds = PoolBounds()
+    max_gpus: PositiveInt | None = Field(default=None, description="GPU budget shared by both pools; None: no cap")
+    budget_priority: Literal["decode", "prefill"] = Field(
+        default="decode", description="The pool served first when the GPU budget binds: decode (ITL breaks every "
+        "running stream) by default.")
+    scale_down_intervals: PositiveInt = Field(
+        default=3, description="Intervals in a row that must ask for fewer replicas before the pool shrinks.")
+    queueing_factor: PositiveFloat = Field(
+        default=3.0, description="p99 TTFT over mean TTFT assumed when sizing prefill against the p99 target.")
+
+
 class NetworkConfig(_Strict):
     advertise_host: str | None = Field(
         default=None,
@@ -269,6 +307,7 @@ class AppConfig(_Strict):
     frontend: FrontendConfig = FrontendConfig()
     routing: RoutingConfig = RoutingConfig()
     sla: SlaConfig = SlaConfig()
+    planner: PlannerConfig = PlannerConfig()
     network: NetworkConfig = NetworkConfig()
 
     @property
@@ -283,6 +322,8 @@ class AppConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "AppConfig":
+        if self.planner.mode is not PlannerMode.OFF and (self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None):
+            raise ValueError("planner.mode needs both sla.ttft_p99_ms and sla.itl_p50_ms")
         for name, pool in self.pools().items():
             if pool.engine.device is Device.CPU and self.kv_cache.block_size % CPU_BLOCK_SIZE_MULTIPLE:
                 raise ValueError(

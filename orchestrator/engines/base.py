@@ -45,6 +45,7 @@ class EngineInfo:
     kv_events_replay_endpoint: str | None = None  # ZMQ ROUTER serving missed batches by sequence number
     nixl_side_channel_port: int | None = None
     kv_capacity_blocks: int | None = None
+    kv_bytes_per_token: int | None = None  # KV cache bytes one token takes (all layers); None: not reported
     pid: int | None = None  # the replica process that owns the engine
 
     def to_dict(self) -> dict[str, Any]:

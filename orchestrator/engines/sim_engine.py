@@ -103,7 +103,7 @@ class SimEngine:
             role=self._role, engine_kind="sim", engine_version=SIM_VERSION, engine_id=self._engine_id,
             model=self._model.name, block_size=self._kv_cache.block_size, max_model_len=self._model.max_model_len,
             host=self._host, kv_events_endpoint=events, kv_events_replay_endpoint=replay,
-            kv_capacity_blocks=blocks, pid=os.getpid(),
+            kv_capacity_blocks=blocks, kv_bytes_per_token=self._perf.kv_bytes_per_token, pid=os.getpid(),
         )
 
     # -- the step loop ----------------------------------------------------------

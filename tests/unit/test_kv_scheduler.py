@@ -192,3 +192,20 @@ def test_memory_ttl_follows_the_mode(kv_events, ttl_field):
     clock.now = 11
     s.memory.expire()
     assert s.index.num_blocks() == 0
+
+
+def test_decode_load_counts_a_shared_prefix_once():
+    from orchestrator.routing.load import InflightLoad
+
+    load = InflightLoad()
+    prefix, a, b = [1, 2, 3, 4], [5, 6], [7]
+    load.routed("a", "d0", 6, "d0", prefix + a)
+    assert load.decode_blocks("d0") == 6 + 1
+    assert load.added_decode_blocks("d0", prefix + b) == 1 + 1  # only its own block and its output
+    assert load.added_decode_blocks("d1", prefix + b) == 5 + 1
+    load.routed("b", "d0", 1, "d0", prefix + b)
+    assert load.decode_blocks("d0") == 7 + 2
+    load.finished("a")
+    assert load.decode_blocks("d0") == 5 + 1
+    load.finished("b")
+    assert load.decode_blocks("d0") == 0 and load.added_decode_blocks("d0", prefix) == 5

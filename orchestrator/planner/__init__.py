@@ -1,0 +1,1 @@
+"""The SLA planner: observations in, replica counts per pool out (no Ray)."""

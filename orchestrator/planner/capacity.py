@@ -1,0 +1,65 @@
+"""What one replica sustains within the SLA, from a performance model (a
+measured profile, or the roofline of a simulated GPU).
+
+    prefill  service time s = step_time(one prompt of `isl` uncached tokens)
+             prompts arrive at random; with an M/D/1 queue the mean TTFT is
+             s + rho*s / (2(1 - rho)). Holding the mean under
+             target/queueing_factor (the p99 target, with p99 ~ factor x mean)
+             caps the utilisation: rho_max = 2(T - s) / (2T - s).
+             capacity = rho_max * isl / s  prompt tokens per second
+    decode   the largest batch b whose step time at context `ctx` stays within
+             the ITL target and whose KV fits the replica:
+             capacity = b / step_time(b)  output tokens per second
+"""
+
+from __future__ import annotations
+
+from orchestrator.sim.perf_model import Batch, PerfModel
+
+
+def prefill_service_s(perf: PerfModel, uncached_tokens: float) -> float:
+    n = max(int(round(uncached_tokens)), 1)
+    return perf.step_time(Batch(prefill=((n, 0),)))
+
+
+def prefill_capacity(perf: PerfModel, uncached_tokens: float, ttft_target_s: float, queueing_factor: float) -> float:
+    """Prompt tokens per second one replica prefills within the TTFT target
+    (0 when even an idle replica misses it)."""
+    s = prefill_service_s(perf, uncached_tokens)
+    target = ttft_target_s / queueing_factor
+    if s >= target:
+        return 0.0
+    rho_max = 2 * (target - s) / (2 * target - s)
+    return rho_max * max(uncached_tokens, 1.0) / s
+
+
+def decode_batch_limit(perf: PerfModel, context: float, itl_target_s: float, kv_capacity_tokens: int | None,
+                       max_num_seqs: int) -> int:
+    """The largest batch within the ITL target and the KV capacity (0: none)."""
+    ctx = max(int(round(context)), 1)
+    limit = max_num_seqs
+    if kv_capacity_tokens:
+        limit = min(limit, kv_capacity_tokens // ctx)
+
+    def within(b: int) -> bool:
+        return perf.step_time(Batch(decode_contexts=(ctx,) * b)) <= itl_target_s * (1 + 1e-9)
+
+    if limit < 1 or not within(1):
+        return 0
+    lo, hi = 1, limit  # within(lo) holds
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if within(mid):
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def decode_capacity(perf: PerfModel, context: float, itl_target_s: float, kv_capacity_tokens: int | None,
+                    max_num_seqs: int) -> float:
+    """Output tokens per second one replica decodes within the ITL target."""
+    b = decode_batch_limit(perf, context, itl_target_s, kv_capacity_tokens, max_num_seqs)
+    if b == 0:
+        return 0.0
+    return b / perf.step_time(Batch(decode_contexts=(max(int(round(context)), 1),) * b))

@@ -1,0 +1,106 @@
+"""Next-interval load predictors: each sees one value per interval
+(`observe`) and says what it expects next (`predict`). None until it has
+seen anything."""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+import numpy as np
+
+
+class Predictor(Protocol):
+    def observe(self, value: float) -> None: ...
+
+    def predict(self) -> float | None: ...
+
+
+class ConstantPredictor:
+    """The next interval looks like the last one."""
+
+    def __init__(self) -> None:
+        self._last: float | None = None
+
+    def observe(self, value: float) -> None:
+        self._last = value
+
+    def predict(self) -> float | None:
+        return self._last
+
+
+class MovingAveragePredictor:
+    def __init__(self, window: int = 5) -> None:
+        self._values: deque[float] = deque(maxlen=window)
+
+    def observe(self, value: float) -> None:
+        self._values.append(value)
+
+    def predict(self) -> float | None:
+        return float(np.mean(self._values)) if self._values else None
+
+
+class KalmanTrendPredictor:
+    """A local linear trend model (level + slope) filtered by a Kalman filter:
+    follows ramps without the lag of a moving average and smooths noise.
+    `process_var` / `measurement_var` set how fast it believes a change."""
+
+    def __init__(self, process_var: float = 0.05, measurement_var: float = 1.0) -> None:
+        self._F = np.array([[1.0, 1.0], [0.0, 1.0]])
+        self._H = np.array([[1.0, 0.0]])
+        self._q, self._r = process_var, measurement_var
+        self._x: np.ndarray | None = None
+        self._P = np.eye(2) * 1e3
+
+    def observe(self, value: float) -> None:
+        if self._x is None:
+            self._x = np.array([value, 0.0])
+            return
+        scale = max(abs(value), 1.0) ** 2  # variances relative to the level, so units do not matter
+        Q, R = np.eye(2) * self._q * scale, self._r * scale * 0.1
+        x = self._F @ self._x
+        P = self._F @ self._P @ self._F.T + Q
+        y = value - (self._H @ x)[0]
+        S = (self._H @ P @ self._H.T)[0, 0] + R
+        K = (P @ self._H.T)[:, 0] / S
+        self._x = x + K * y
+        self._P = (np.eye(2) - np.outer(K, self._H[0])) @ P
+
+    def predict(self) -> float | None:
+        if self._x is None:
+            return None
+        return max(float((self._F @ self._x)[0]), 0.0)
+
+
+class SeasonalPredictor:
+    """The value one period ago, scaled by how the recent level compares with
+    the level then (seasonal naive with drift); falls back to a moving
+    average until it has two periods of history."""
+
+    def __init__(self, period: int, window: int = 3) -> None:
+        self.period = period
+        self.window = window
+        self._history: deque[float] = deque(maxlen=2 * period + 1)
+        self._fallback = MovingAveragePredictor(window)
+
+    def observe(self, value: float) -> None:
+        self._history.append(value)
+        self._fallback.observe(value)
+
+    def predict(self) -> float | None:
+        h = list(self._history)
+        if len(h) < 2 * self.period:
+            return self._fallback.predict()
+        n = len(h)
+        recent = np.mean(h[n - self.window:])
+        then = np.mean(h[n - self.period - self.window:n - self.period])
+        ratio = recent / then if then > 0 else 1.0
+        return max(float(h[n - self.period] * ratio), 0.0)
+
+
+def make_predictor(kind: str, **kwargs) -> Predictor:
+    kinds = {"constant": ConstantPredictor, "moving_average": MovingAveragePredictor,
+             "kalman": KalmanTrendPredictor, "seasonal": SeasonalPredictor}
+    if kind not in kinds:
+        raise ValueError(f"unknown predictor {kind!r}; one of {sorted(kinds)}")
+    return kinds[kind](**kwargs)

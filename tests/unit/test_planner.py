@@ -1,0 +1,103 @@
+"""The SLA planner core: observations in, replica counts out, hand-checked
+against the capacity formulas; predictors on synthetic series."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from orchestrator.config import PlannerConfig, PoolBounds, SlaConfig
+from orchestrator.planner.capacity import decode_batch_limit, decode_capacity, prefill_capacity, prefill_service_s
+from orchestrator.planner.planner import Observation, SlaPlanner
+from orchestrator.planner.predictors import (ConstantPredictor, KalmanTrendPredictor, MovingAveragePredictor,
+                                             SeasonalPredictor)
+from orchestrator.sim.perf_model import Batch, ProfileModel
+
+# A hand-made profile: prefill 1 ms per 10 tokens; a decode step 10 ms + 1 ms per sequence.
+PROFILE = ProfileModel(prefill_points=[(100, 0.01), (10_000, 1.0)],
+                       decode_points={1: [(100, 0.011), (10_000, 0.011)], 101: [(100, 0.111), (10_000, 0.111)]},
+                       kv_bytes=1)
+SLA = SlaConfig(ttft_p99_ms=600, itl_p50_ms=30)
+
+
+def planner(**cfg) -> SlaPlanner:
+    config = PlannerConfig(mode="advisory", predictor="constant", prefill=PoolBounds(min_replicas=1, max_replicas=20),
+                           decode=PoolBounds(min_replicas=1, max_replicas=20), **cfg)
+    return SlaPlanner(config, SLA, PROFILE, kv_capacity_tokens=None, max_num_seqs=256)
+
+
+def test_capacities_follow_the_formulas():
+    assert prefill_service_s(PROFILE, 1000) == pytest.approx(0.1)
+    # Target mean TTFT 600/3 = 200 ms, service 100 ms: rho_max = 2(0.2-0.1)/(0.4-0.1) = 2/3.
+    assert prefill_capacity(PROFILE, 1000, 0.6, 3.0) == pytest.approx(2 / 3 * 1000 / 0.1)
+    assert prefill_capacity(PROFILE, 3000, 0.6, 3.0) == 0.0  # 300 ms of service misses a 200 ms mean
+    # 10 ms + 1 ms x b <= 30 ms -> b = 20, 20 sequences / 30 ms.
+    assert decode_batch_limit(PROFILE, 500, 0.030, None, 256) == 20
+    assert decode_capacity(PROFILE, 500, 0.030, None, 256) == pytest.approx(20 / 0.030)
+    assert decode_batch_limit(PROFILE, 500, 0.030, kv_capacity_tokens=5000, max_num_seqs=256) == 10
+
+
+def test_replicas_are_sized_from_the_load_and_the_profile():
+    p = planner()
+    # 20 req/s x 1000 tokens = 20k prompt tokens/s over 6667/replica -> 3; 20 x 200 = 4000 output tokens/s at
+    # context 1100 over 666.7/replica -> 6.
+    d = p.step(Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200))
+    assert (d.prefill, d.decode) == (3, 6)
+    assert d.proposed_prefill == pytest.approx(3.0) and d.proposed_decode == pytest.approx(6.0)
+
+
+def test_cached_prefixes_cost_no_prefill():
+    d = planner().step(Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200, prefix_hit_rate=0.5))
+    # 500 uncached tokens: service 50 ms, rho_max = 2(0.15)/(0.35) = 0.857 -> 8571 tokens/s; 10k/8571 -> 2.
+    assert d.prefill == 2
+
+
+def test_scale_up_is_immediate_and_scale_down_waits():
+    p = planner(scale_down_intervals=3)
+    busy = Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200)
+    quiet = Observation(interval_s=10, requests=20, mean_isl=1000, mean_osl=200)
+    assert p.step(busy).decode == 6
+    assert [p.step(quiet).decode for _ in range(3)] == [6, 6, 1]
+
+
+def test_a_gpu_budget_serves_the_priority_pool_first():
+    d = planner(max_gpus=7, budget_priority="decode").step(
+        Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200))
+    assert (d.prefill, d.decode) == (1, 6) and "budget" in d.reason
+    d = planner(max_gpus=7, budget_priority="prefill").step(
+        Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200))
+    assert (d.prefill, d.decode) == (3, 4)
+
+
+def test_a_missed_target_raises_the_correction_and_the_count():
+    p = planner()
+    load = dict(interval_s=10, requests=200, mean_isl=1000, mean_osl=200)
+    assert p.step(Observation(**load)).decode == 6
+    d = p.step(Observation(**load, itl_p50_s=0.060))  # twice the ITL target
+    assert d.decode_correction == pytest.approx(math.sqrt(2)) and d.decode == 9
+
+
+def test_aggregated_serving_sizes_one_pool_for_both_phases():
+    config = PlannerConfig(mode="advisory", predictor="constant", decode=PoolBounds(max_replicas=20))
+    p = SlaPlanner(config, SLA, PROFILE, kv_capacity_tokens=None, disaggregated=False)
+    d = p.step(Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200))
+    assert (d.prefill, d.decode) == (0, 9)
+
+
+def test_no_traffic_means_the_minimum():
+    assert planner(scale_down_intervals=1).step(Observation(interval_s=10, requests=0)).decode == 1
+
+
+def test_predictors_on_synthetic_series():
+    const, ma, kalman = ConstantPredictor(), MovingAveragePredictor(3), KalmanTrendPredictor()
+    assert const.predict() is None and ma.predict() is None and kalman.predict() is None
+    for v in [10, 20, 30, 40, 50, 60]:
+        for p in (const, ma, kalman):
+            p.observe(v)
+    assert const.predict() == 60 and ma.predict() == 50
+    assert abs(kalman.predict() - 70) < 3  # follows the ramp
+    seasonal = SeasonalPredictor(period=4, window=1)
+    for v in [1, 5, 1, 5, 1, 5, 1, 5]:
+        seasonal.observe(v)
+    assert seasonal.predict() == pytest.approx(1.0)  # the value one period before the next
