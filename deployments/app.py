@@ -5,11 +5,11 @@ with the YAML's `args`, validated as an `AppConfig` by Serve."""
 # parameter annotation as a class to validate `args` with.
 
 from ray.serve import Application
-from ray.serve.config import RequestRouterConfig
+from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouterConfig
 
 from deployments.engine_pool import EnginePool
 from deployments.frontend import Frontend
-from orchestrator.config import AppConfig, PoolConfig, ServingMode
+from orchestrator.config import AppConfig, PlannerMode, PoolConfig, ServingMode
 from orchestrator.engines import check_engine_config, process_env
 from orchestrator.engines.base import EngineRole
 
@@ -22,13 +22,31 @@ ROUTER_CLASS = "deployments.pool_router.PinnedRequestRouter"
 REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 # How often each replica's load report reaches the routers.
 ROUTING_STATS_PERIOD_S = 1.0
+PLANNER_POLICY = "deployments.planner_policy:SlaPlannerPolicy"
+# A replica being scaled down stops getting requests and has this long to finish its streams.
+DRAIN_TIMEOUT_S = 300.0
+
+
+def _replicas(name: str, pool: PoolConfig, config: AppConfig) -> dict:
+    """A fixed replica count, or, with the SLA planner on, an autoscaling
+    config whose policy is the planner (bounds from `planner.prefill/decode`)."""
+    if config.planner.mode is PlannerMode.OFF:
+        return {"num_replicas": pool.replicas}
+    bounds = config.planner.prefill if name == "prefill_pool" else config.planner.decode
+    policy = AutoscalingPolicy(policy_function=PLANNER_POLICY,
+                               policy_kwargs={"app": config.model_dump(mode="json"), "pool": name})
+    return {"autoscaling_config": AutoscalingConfig(
+        min_replicas=bounds.min_replicas, max_replicas=bounds.max_replicas,
+        initial_replicas=min(max(pool.replicas, bounds.min_replicas), bounds.max_replicas),
+        metrics_interval_s=1.0, look_back_period_s=min(config.planner.interval_s, 10.0), policy=policy)}
 
 
 def _pool(name: str, pool: PoolConfig, config: AppConfig):
     return EnginePool.options(
         name=name,
-        num_replicas=pool.replicas,
+        **_replicas(name, pool, config),
         max_ongoing_requests=pool.max_ongoing_requests,
+        graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S,
         ray_actor_options={
             "num_cpus": pool.num_cpus,
             "num_gpus": pool.num_gpus,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,6 +14,7 @@ from ray import serve
 from orchestrator.config import AppConfig
 from orchestrator.engines import create_engine
 from orchestrator.engines.base import EngineRole
+from orchestrator.planner.observer import ReplicaLoadWindow
 from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
 
 log = logging.getLogger("ray.serve")
@@ -28,17 +30,35 @@ class EnginePool:
         host = app.network.advertise_host or ray.util.get_node_ip_address()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.engine = create_engine(app, pool, self.role, host)
+        self.window = ReplicaLoadWindow(app.planner.interval_s)
         self.info = await self.engine.start()
         log.info("%s replica %s ready: %s", self.role.value, self.replica_id, self.info)
 
     # -- requests -------------------------------------------------------------
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        window, start = self.window, time.monotonic()
+        window.arrived(len(request.prompt_token_ids))
+        first, last, outputs, cached = None, start, 0, 0
         async for chunk in self.engine.generate(request):
+            n = len(chunk.token_ids)
+            if n:
+                now = time.monotonic()
+                if first is None:
+                    first = now - start
+                    # Prompts prefilled elsewhere count their cache hits there.
+                    cached = chunk.num_cached_tokens if request.kv_transfer is None else 0
+                else:
+                    window.token_gap((now - last) / n)
+                last, outputs = now, outputs + n
             yield chunk
+        window.finished(outputs, cached, first)
 
     async def prefill(self, request: EngineRequest) -> PrefillResult:
+        start = time.monotonic()
+        self.window.arrived(len(request.prompt_token_ids))
         result = await self.engine.prefill(request)
+        self.window.finished(0, result.num_cached_tokens, time.monotonic() - start)
         return dataclasses.replace(result, replica_id=self.replica_id)
 
     # -- reports --------------------------------------------------------------
@@ -52,6 +72,10 @@ class EnginePool:
     def record_replica_metadata(self) -> dict[str, Any]:
         """Published once to every router of this pool (Serve replica metadata)."""
         return self.info.to_dict()
+
+    def record_autoscaling_stats(self) -> dict[str, float]:
+        """Custom autoscaling metrics: what the SLA planner observes of this replica."""
+        return self.window.snapshot(waiting=self.engine.stats().num_waiting)
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Polled by Serve every `request_routing_stats_period_s` and pushed to routers."""

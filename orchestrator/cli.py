@@ -54,6 +54,12 @@ def _profile(args: argparse.Namespace) -> int:
     return run_profile(args)
 
 
+def _experiment_autoscale(args: argparse.Namespace) -> int:
+    from harness.autoscale import run_experiment
+
+    return run_experiment(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="orchestrator", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -89,6 +95,14 @@ def main(argv: list[str] | None = None) -> int:
 
     add_profile_arguments(p)
     p.set_defaults(func=_profile)
+
+    p = sub.add_parser("experiment", help="experiments on the cluster simulator")
+    experiments = p.add_subparsers(dest="experiment", required=True)
+    p = experiments.add_parser("autoscale", help="autoscaling policies on time-varying load (virtual time)")
+    from harness.autoscale import add_arguments as add_autoscale_arguments
+
+    add_autoscale_arguments(p)
+    p.set_defaults(func=_experiment_autoscale)
 
     p = sub.add_parser("sample-request", help="wait for a server to be ready, send one chat request, print it")
     p.add_argument("--url", default="http://127.0.0.1:8000")

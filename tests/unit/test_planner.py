@@ -22,6 +22,7 @@ SLA = SlaConfig(ttft_p99_ms=600, itl_p50_ms=30)
 
 
 def planner(**cfg) -> SlaPlanner:
+    cfg = {"decode_utilization": 1.0} | cfg  # whole batches, for round numbers
     config = PlannerConfig(mode="advisory", predictor="constant", prefill=PoolBounds(min_replicas=1, max_replicas=20),
                            decode=PoolBounds(min_replicas=1, max_replicas=20), **cfg)
     return SlaPlanner(config, SLA, PROFILE, kv_capacity_tokens=None, max_num_seqs=256)
@@ -45,6 +46,19 @@ def test_replicas_are_sized_from_the_load_and_the_profile():
     d = p.step(Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200))
     assert (d.prefill, d.decode) == (3, 6)
     assert d.proposed_prefill == pytest.approx(3.0) and d.proposed_decode == pytest.approx(6.0)
+
+
+def test_decode_is_sized_to_a_share_of_its_batch():
+    d = planner(decode_utilization=0.75).step(Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200))
+    assert d.decode == 8  # 4000 / (666.7 x 0.75)
+
+
+def test_a_ttft_miss_with_queued_decode_engines_is_the_decode_pools():
+    p = planner()
+    load = dict(interval_s=10, requests=200, mean_isl=1000, mean_osl=200)
+    p.step(Observation(**load))
+    d = p.step(Observation(**load, ttft_p99_s=1.2, prefill_waiting=0, decode_waiting=30))
+    assert d.prefill_correction == 1.0 and d.decode_correction == pytest.approx(math.sqrt(2))
 
 
 def test_cached_prefixes_cost_no_prefill():
@@ -79,7 +93,8 @@ def test_a_missed_target_raises_the_correction_and_the_count():
 
 
 def test_aggregated_serving_sizes_one_pool_for_both_phases():
-    config = PlannerConfig(mode="advisory", predictor="constant", decode=PoolBounds(max_replicas=20))
+    config = PlannerConfig(mode="advisory", predictor="constant", decode=PoolBounds(max_replicas=20),
+                           decode_utilization=1.0)
     p = SlaPlanner(config, SLA, PROFILE, kv_capacity_tokens=None, disaggregated=False)
     d = p.step(Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200))
     assert (d.prefill, d.decode) == (0, 9)

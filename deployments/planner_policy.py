@@ -1,0 +1,194 @@
+"""The SLA planner as Ray Serve's autoscaling policy for both pools.
+
+Each pool deployment gets this class as its custom autoscaling policy
+(`autoscaling_config.policy`); Serve instantiates it once per deployment in
+the controller and calls it every control-loop tick with that deployment's
+context. The two instances of one application share a `_Coordinator` (same
+controller process), which keeps one `SlaPlanner` for both pools: each tick
+it takes the latest custom metrics of each pool (what its replicas report
+through `record_autoscaling_stats`); once an interval has passed it builds
+an Observation from both and decides both counts together. In advisory mode
+it logs the decision and leaves the counts as they are.
+
+Scale-down: Serve stops routing to a replica it removes and waits up to the
+pool's `graceful_shutdown_timeout_s` for its in-flight requests; the
+frontend's KV index drops the replica when it leaves the live set.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from orchestrator.config import AppConfig, PlannerMode
+from orchestrator.planner.observer import MISSING
+from orchestrator.planner.planner import Observation, ScalingDecision, SlaPlanner
+
+log = logging.getLogger("ray.serve")
+
+POOL_KEYS = {"prefill_pool": "prefill", "decode_pool": "decode"}
+
+
+def make_planner(app: AppConfig) -> SlaPlanner:
+    """The planner for an application: the profile it names, else the
+    simulated engine's own performance model."""
+    from orchestrator.engines.sim_engine import kv_capacity_blocks, perf_model
+    from orchestrator.sim.perf_model import ProfileModel
+
+    engine = app.decode_pool.engine
+    if app.planner.profile is not None:
+        perf = ProfileModel.load(app.planner.profile)
+        kv_tokens = perf.meta.get("kv_capacity_tokens") or None
+    elif engine.kind == "sim":
+        perf = perf_model(engine)
+        kv_tokens = kv_capacity_blocks(engine, perf, app.kv_cache.block_size) * app.kv_cache.block_size
+    else:
+        raise ValueError("planner.profile is required for vLLM pools (make one with `orchestrator profile`)")
+    prefill = app.prefill_pool.replicas if app.prefill_pool is not None else 0
+    return SlaPlanner(app.planner, app.sla, perf, kv_tokens, max_num_seqs=getattr(engine, "max_num_seqs", None) or 256,
+                      disaggregated=app.prefill_pool is not None, initial=(prefill, app.decode_pool.replicas))
+
+
+class _Coordinator:
+    def __init__(self, app: AppConfig) -> None:
+        self.app = app
+        self.planner = make_planner(app)
+        self.metrics: dict[str, dict[str, dict[Any, float]]] = {}  # pool -> metric -> replica -> value
+        self.ready: dict[str, int] = {}
+        self.last_step: float | None = None
+        self.decision: ScalingDecision | None = None
+        self.gauges = _Gauges()
+
+    def update(self, pool: str, ctx: Any) -> None:
+        self.metrics[pool] = ctx.aggregated_metrics or {}
+        self.ready[pool] = ctx.current_num_replicas
+
+    def decide(self, pool: str, now: float, current_target: int) -> int:
+        interval = self.app.planner.interval_s
+        if self.last_step is None:
+            self.last_step = now
+        elif now - self.last_step >= interval and all(p in self.metrics for p in self._pools()):
+            observation = self.observation(now - self.last_step)
+            self.decision = self.planner.step(observation)
+            self.last_step = now
+            log.info("SLA planner (%s): %s from %s", self.app.planner.mode.value, self.decision, observation)
+            self.gauges.record(observation, self.decision, self.ready)
+        if self.decision is None or self.app.planner.mode is not PlannerMode.ACT:
+            return current_target
+        return self.decision.prefill if pool == "prefill_pool" else self.decision.decode
+
+    def _pools(self) -> list[str]:
+        return ["decode_pool"] + (["prefill_pool"] if self.app.prefill_pool is not None else [])
+
+    def observation(self, interval_s: float) -> Observation:
+        decode = self.metrics.get("decode_pool", {})
+        prefill = self.metrics.get("prefill_pool", {})
+        rate = _total(decode, "arrival_rate")
+        prompt = _total(decode, "prompt_tokens")
+        cached = _total(decode, "cached_tokens") + _total(prefill, "cached_tokens")
+        # A client's first token waits for the prefill replica, then for the decode replica's first step.
+        ttft = _worst(decode, "first_token_p99_s")
+        if prefill and ttft is not None and _worst(prefill, "first_token_p99_s") is not None:
+            ttft += _worst(prefill, "first_token_p99_s")
+        return Observation(
+            interval_s=interval_s,
+            requests=round(rate * interval_s),
+            mean_isl=_weighted(decode, "mean_isl", "arrival_rate"),
+            mean_osl=_weighted(decode, "mean_osl", "arrival_rate"),
+            prefix_hit_rate=min(cached / prompt, 1.0) if prompt else 0.0,
+            ttft_p99_s=ttft,
+            itl_p50_s=_mean(decode, "itl_p50_s"),
+            prefill_replicas=self.ready.get("prefill_pool", 0),
+            decode_replicas=self.ready.get("decode_pool", 0),
+            prefill_waiting=round(_total(prefill, "waiting")),
+            decode_waiting=round(_total(decode, "waiting")),
+        )
+
+
+def _values(metrics: dict[str, dict[Any, float]], name: str) -> list[float]:
+    return [v for v in (metrics.get(name) or {}).values() if v is not None and not math.isnan(v)]
+
+
+def _total(metrics, name) -> float:
+    return float(sum(_values(metrics, name)))
+
+
+def _present(metrics, name) -> list[float]:
+    return [v for v in _values(metrics, name) if v != MISSING]
+
+
+def _worst(metrics, name) -> float | None:
+    values = _present(metrics, name)
+    return max(values) if values else None
+
+
+def _mean(metrics, name) -> float | None:
+    values = _present(metrics, name)
+    return sum(values) / len(values) if values else None
+
+
+def _weighted(metrics, name, weight) -> float:
+    values, weights = metrics.get(name) or {}, metrics.get(weight) or {}
+    total = sum(weights.get(r, 0.0) for r in values)
+    if not total:
+        return 0.0
+    return sum(v * weights.get(r, 0.0) for r, v in values.items()) / total
+
+
+class _Gauges:
+    """The planner's view as Ray metrics (exported with Ray's own metrics)."""
+
+    def __init__(self) -> None:
+        self._gauges = None
+
+    def record(self, obs: Observation, decision: ScalingDecision, ready: dict[str, int]) -> None:
+        try:
+            from ray.util.metrics import Gauge
+        except ImportError:  # outside Ray
+            return
+        if self._gauges is None:
+            names = {
+                "observed_rate": "Requests/s the pools saw last interval.",
+                "predicted_rate": "Requests/s the planner expects next interval.",
+                "proposed_replicas": "Replicas the planner computed, before constraints.",
+                "desired_replicas": "Replicas the planner asks for.",
+                "ready_replicas": "Replicas serving.",
+                "correction": "Planner correction factor (observed vs target latency).",
+            }
+            self._gauges = {k: Gauge(f"orchestrator_planner_{k}", v, tag_keys=("pool",)) for k, v in names.items()}
+        g = self._gauges
+        g["observed_rate"].set(obs.request_rate, tags={"pool": "all"})
+        g["predicted_rate"].set(decision.predicted_rate, tags={"pool": "all"})
+        for pool, proposed, desired, correction in (
+                ("prefill", decision.proposed_prefill, decision.prefill, decision.prefill_correction),
+                ("decode", decision.proposed_decode, decision.decode, decision.decode_correction)):
+            g["proposed_replicas"].set(proposed if math.isfinite(proposed) else -1, tags={"pool": pool})
+            g["desired_replicas"].set(desired, tags={"pool": pool})
+            g["correction"].set(correction, tags={"pool": pool})
+            g["ready_replicas"].set(ready.get(f"{pool}_pool", 0), tags={"pool": pool})
+
+
+_COORDINATORS: dict[str, _Coordinator] = {}
+
+
+class SlaPlannerPolicy:
+    """Serve custom autoscaling policy (class form: one instance per pool deployment)."""
+
+    def __init__(self, app: dict[str, Any], pool: str) -> None:
+        self.app = AppConfig.model_validate(app)
+        self.pool = pool
+
+    def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
+        key = ctx.app_name or ""
+        coordinator = _COORDINATORS.get(key)
+        if coordinator is None or coordinator.app != self.app:  # first tick, or the app was redeployed
+            coordinator = _COORDINATORS[key] = _Coordinator(self.app)
+        coordinator.update(self.pool, ctx)
+        now = ctx.current_time if ctx.current_time is not None else time.time()
+        target = coordinator.decide(self.pool, now, ctx.target_num_replicas)
+        decision = coordinator.decision
+        state = {} if decision is None else {"planner": {"prefill": decision.prefill, "decode": decision.decode,
+                                                          "predicted_rate": decision.predicted_rate}}
+        return target, state

@@ -1,0 +1,346 @@
+"""`orchestrator experiment autoscale`: time-varying load against the cluster
+simulator (virtual time), one run per autoscaling policy, same requests:
+
+  planner       our SLA planner (orchestrator/planner) with its predictor
+  oracle        the same planner told the coming load (rate, ISL, OSL) ahead
+                of the replicas' start-up time
+  ray-default   Ray Serve's default autoscaler per pool: replicas =
+                ceil(ongoing requests / target_ongoing_requests=2), 30 s
+                up-scale delay, 600 s down-scale delay
+  ray-tuned     the same with per-pool targets from the profile (decode: the
+                batch that holds the ITL target; prefill: 1)
+  static-P+D    fixed pools; every split of the planner's mean GPU count is
+                tried and the best one reported
+
+Per request: SLO met = TTFT <= target and its median ITL <= target. Per run:
+attainment, GPU-hours (every replica from being asked for to being gone),
+attainment per GPU-hour, and per interval the offered load, replicas per
+pool and attainment. Writes JSON and PNG plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from harness.workloads import AzureTrace, RequestSpec, TokenPool, replay_offsets
+from orchestrator.config import PlannerConfig, PoolBounds, RoutingConfig, SimEngineConfig, SlaConfig
+from orchestrator.engines.sim_engine import kv_capacity_blocks, perf_model
+from orchestrator.planner.capacity import decode_batch_limit
+from orchestrator.planner.planner import Observation, SlaPlanner
+from orchestrator.sim.cluster import ClusterSim, ClusterSpec, ReplicaState, RequestOutcome
+from orchestrator.sim.link import LINKS
+
+TRACE_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workload", choices=["azure", "phases"], default="azure")
+    p.add_argument("--trace-path", default=str(TRACE_DIR / "azure_conv_2023.csv"))
+    p.add_argument("--minutes", type=float, default=20.0, help="azure: leading minutes of the trace; phases: length")
+    p.add_argument("--rate-scale", type=float, default=8.0, help="azure: times the recorded rate")
+    p.add_argument("--rate", type=float, default=20.0, help="phases: mean requests/s")
+    p.add_argument("--gpu", choices=["H100", "H200", "A100"], default="H100")
+    p.add_argument("--sim-model", choices=["llama-3.1-8b", "llama-3.1-70b", "qwen3-32b"], default="llama-3.1-8b")
+    p.add_argument("--ttft-p99-ms", type=float, default=500.0)
+    p.add_argument("--itl-p50-ms", type=float, default=30.0)
+    p.add_argument("--interval-s", type=float, default=30.0)
+    p.add_argument("--startup-s", type=float, default=30.0, help="a new replica's model load time")
+    p.add_argument("--max-replicas", type=int, default=16, help="per pool")
+    p.add_argument("--predictor", choices=["constant", "moving_average", "kalman", "seasonal"], default="kalman")
+    p.add_argument("--policies", default="planner,oracle,ray-default,ray-tuned,static")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+
+
+# -- workloads ---------------------------------------------------------------------------------------------------
+
+
+def azure_requests(args: argparse.Namespace) -> list[RequestSpec]:
+    trace = AzureTrace(args.trace_path, TokenPool.vocabulary(32000), seed=args.seed)
+    specs = trace.requests()
+    offsets = replay_offsets(specs, 1.0, args.rate_scale)
+    horizon = args.minutes * 60
+    return [replace(s, arrival_s=t) for s, t in zip(specs, offsets) if t < horizon]
+
+
+def phase_requests(args: argparse.Namespace) -> list[RequestSpec]:
+    """A sinusoidal rate (period a third of the run) whose mix turns from
+    prefill-heavy (ISL 3000 / OSL 100) to decode-heavy (ISL 300 / OSL 600)
+    half-way; unique prompts."""
+    rng = random.Random(args.seed)
+    horizon, out, t = args.minutes * 60, [], 0.0
+    peak = args.rate * 1.6
+    while True:
+        t += rng.expovariate(peak)
+        if t >= horizon:
+            return out
+        if rng.random() > (1 + 0.6 * math.sin(2 * math.pi * t / (horizon / 3))) / 1.6:
+            continue  # thinning: Poisson with the time-varying rate
+        isl, osl = (3000, 100) if t < horizon / 2 else (300, 600)
+        prompt = tuple(rng.randrange(100, 32000) for _ in range(isl))
+        out.append(RequestSpec(prompt, osl, arrival_s=t))
+
+
+# -- observation -----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Window:
+    """Outcomes seen so far, read one interval at a time."""
+
+    sim: ClusterSim
+    seen: int = 0
+    recent: list[RequestOutcome] = field(default_factory=list)  # arrived within the last few minutes
+
+    def observe(self, t0: float, t1: float) -> Observation:
+        outcomes = list(self.sim.outcomes.values())
+        arrived = outcomes[self.seen:]
+        self.seen = len(outcomes)
+        self.recent = [o for o in self.recent if o.arrival_s > t0 - 300] + arrived
+        firsts = [o.ttft_s for o in self.recent if o.token_times and t0 <= o.token_times[0] < t1]
+        gaps = [b - a for o in self.recent for a, b in zip(o.token_times, o.token_times[1:]) if t0 <= b < t1]
+        cached = sum(o.cached_tokens for o in arrived)
+        prompt = sum(o.prompt_tokens for o in arrived)
+        return Observation(
+            interval_s=t1 - t0, requests=len(arrived),
+            mean_isl=prompt / len(arrived) if arrived else 0.0,
+            mean_osl=statistics.fmean(o.max_tokens for o in arrived) if arrived else 0.0,
+            prefix_hit_rate=cached / prompt if prompt else 0.0,
+            ttft_p99_s=_quantile(firsts, 0.99), itl_p50_s=_quantile(gaps, 0.5),
+            prefill_replicas=self.sim.count("prefill", ReplicaState.READY),
+            decode_replicas=self.sim.count("decode", ReplicaState.READY),
+            prefill_waiting=sum(r.core.num_waiting for r in self.sim.prefill),
+            decode_waiting=sum(r.core.num_waiting for r in self.sim.decode))
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(int(q * len(values)), len(values) - 1)]
+
+
+def forecast(requests: Sequence[RequestSpec], t0: float, t1: float) -> Observation:
+    window = [r for r in requests if t0 <= r.arrival_s < t1]
+    n = len(window)
+    return Observation(interval_s=t1 - t0, requests=n,
+                       mean_isl=statistics.fmean(len(r.prompt_token_ids) for r in window) if n else 0.0,
+                       mean_osl=statistics.fmean(r.max_tokens for r in window) if n else 0.0)
+
+
+# -- policies ---------------------------------------------------------------------------------------------------------
+
+
+Controller = Callable[[ClusterSim], None]
+
+
+def planner_controller(planner: SlaPlanner, interval_s: float, startup_s: float, log: list[dict],
+                       requests: Sequence[RequestSpec] | None = None) -> Callable[[ClusterSim], Controller]:
+    def make(sim: ClusterSim) -> Controller:
+        window = Window(sim)
+
+        def control(sim: ClusterSim) -> None:
+            obs = window.observe(sim.now - interval_s, sim.now)
+            ahead = None
+            if requests is not None:  # the oracle: the busier of the next interval and the one after start-up
+                ahead = max((forecast(requests, sim.now + d, sim.now + d + interval_s) for d in (0.0, startup_s)),
+                            key=lambda o: o.requests)
+            decision = planner.step(obs, ahead)
+            sim.resize("prefill", decision.prefill, startup_s)
+            sim.resize("decode", decision.decode, startup_s)
+            log.append({"t": sim.now, "rate": obs.request_rate, "isl": obs.mean_isl, "osl": obs.mean_osl,
+                        "ttft_p99_ms": _ms(obs.ttft_p99_s), "itl_p50_ms": _ms(obs.itl_p50_s),
+                        "predicted_rate": decision.predicted_rate, "prefill": sim.count("prefill"),
+                        "decode": sim.count("decode"), "prefill_ready": obs.prefill_replicas,
+                        "decode_ready": obs.decode_replicas, "prefill_correction": decision.prefill_correction,
+                        "decode_correction": decision.decode_correction})
+        return control
+    return make
+
+
+def ray_controller(targets: dict[str, float], interval_s: float, startup_s: float, max_replicas: int,
+                   log: list[dict], upscale_delay_s: float = 30.0,
+                   downscale_delay_s: float = 600.0) -> Callable[[ClusterSim], Controller]:
+    """Ray Serve's default policy: desired = ceil(ongoing / target), applied
+    once it has held for the up- or down-scale delay."""
+    def make(sim: ClusterSim) -> Controller:
+        since: dict[str, tuple[int, float]] = {}
+
+        def control(sim: ClusterSim) -> None:
+            for name, target in targets.items():
+                ready = [r for r in sim.pool(name) if r.state is ReplicaState.READY]
+                ongoing = sum(r.inflight for r in ready)
+                current = sim.count(name, ReplicaState.STARTING, ReplicaState.READY)
+                desired = min(max(math.ceil(ongoing / target), 1), max_replicas)
+                direction = (desired > current) - (desired < current)
+                first, started = since.get(name, (0, sim.now))
+                if direction != first:
+                    since[name] = (direction, sim.now)
+                    started = sim.now
+                delay = upscale_delay_s if direction > 0 else downscale_delay_s
+                if direction and sim.now - started >= delay - 1e-9:
+                    sim.resize(name, desired, startup_s)
+                    since[name] = (0, sim.now)
+            log.append({"t": sim.now, "prefill": sim.count("prefill"), "decode": sim.count("decode")})
+        return control
+    return make
+
+
+# -- one run ----------------------------------------------------------------------------------------------------------
+
+
+def run_policy(spec: ClusterSpec, engine: SimEngineConfig, requests: Sequence[RequestSpec], horizon_s: float,
+               interval_s: float, controller: Callable[[ClusterSim], Controller] | None, sla: SlaConfig,
+               seed: int) -> dict[str, Any]:
+    sim = ClusterSim(spec, perf_model(engine), LINKS[engine.link], seed=seed)
+    if controller is not None:
+        sim.every(interval_s, controller(sim), horizon_s)
+    outcomes = sim.run(requests)
+    return summarize_run(outcomes, sim.gpu_seconds, sla)
+
+
+def meets(o: RequestOutcome, sla: SlaConfig) -> bool:
+    if not o.finished:
+        return False
+    itl = o.itl_s
+    return o.ttft_s * 1000 <= sla.ttft_p99_ms and (not itl or statistics.median(itl) * 1000 <= sla.itl_p50_ms)
+
+
+def summarize_run(outcomes: Sequence[RequestOutcome], gpu_seconds: float, sla: SlaConfig) -> dict[str, Any]:
+    ok = [o for o in outcomes if o.finished]
+    attained = sum(meets(o, sla) for o in outcomes) / len(outcomes) if outcomes else 0.0
+    gpu_hours = gpu_seconds / 3600
+    ttft = sorted(o.ttft_s for o in ok)
+    itl = sorted(statistics.median(o.itl_s) for o in ok if o.itl_s)
+    return {"requests": len(outcomes), "finished": len(ok), "attainment": attained, "gpu_hours": gpu_hours,
+            "attainment_per_gpu_hour": attained / gpu_hours if gpu_hours else 0.0,
+            "ttft_ms": {"p50": _ms(_quantile(ttft, 0.5)), "p99": _ms(_quantile(ttft, 0.99))},
+            "itl_ms": {"p50": _ms(_quantile(itl, 0.5)), "p99": _ms(_quantile(itl, 0.99))}}
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1000
+
+
+def run_experiment(args: argparse.Namespace) -> int:
+    requests = azure_requests(args) if args.workload == "azure" else phase_requests(args)
+    horizon = max(r.arrival_s for r in requests)
+    engine = SimEngineConfig(kind="sim", gpu=args.gpu, model=args.sim_model, link="infiniband")
+    perf = perf_model(engine)
+    block_size = 16
+    blocks = kv_capacity_blocks(engine, perf, block_size)
+    sla = SlaConfig(ttft_p99_ms=args.ttft_p99_ms, itl_p50_ms=args.itl_p50_ms)
+    bounds = PoolBounds(min_replicas=1, max_replicas=args.max_replicas)
+
+    def spec(prefill: int, decode: int) -> ClusterSpec:
+        return ClusterSpec(prefill, decode, blocks, block_size, routing=RoutingConfig(), kv_event_delay_s=0.002)
+
+    def planner(initial: tuple[int, int] = (1, 1)) -> SlaPlanner:
+        config = PlannerConfig(mode="act", interval_s=args.interval_s, predictor=args.predictor, prefill=bounds,
+                               decode=bounds)
+        return SlaPlanner(config, sla, perf, blocks * block_size, initial=initial)
+
+    # Every autoscaled run starts from the pools the first minute of load needs
+    # (as a deployment sized for its launch would), so that no policy is
+    # judged on a cold start none could avoid.
+    first = planner().step(Observation(interval_s=args.interval_s, requests=0),
+                           forecast(requests, 0.0, args.interval_s + args.startup_s))
+    initial = (first.prefill, first.decode)
+
+    results: dict[str, Any] = {}
+    series: dict[str, list[dict]] = {}
+    policies = args.policies.split(",")
+    for name in [p for p in policies if p != "static"]:
+        log: list[dict] = []
+        if name == "planner":
+            controller = planner_controller(planner(initial), args.interval_s, args.startup_s, log)
+        elif name == "oracle":
+            controller = planner_controller(planner(initial), args.interval_s, args.startup_s, log, requests)
+        elif name == "ray-default":
+            controller = ray_controller({"prefill": 2, "decode": 2}, args.interval_s, args.startup_s,
+                                        args.max_replicas, log)
+        elif name == "ray-tuned":
+            context = statistics.fmean(len(r.prompt_token_ids) + r.max_tokens / 2 for r in requests)
+            batch = decode_batch_limit(perf, context, args.itl_p50_ms / 1000, blocks * block_size, 256)
+            controller = ray_controller({"prefill": 1, "decode": max(batch, 1)}, args.interval_s, args.startup_s,
+                                        args.max_replicas, log)
+        else:
+            raise SystemExit(f"unknown policy {name!r}")
+        results[name] = run_policy(spec(*initial), engine, requests, horizon, args.interval_s, controller, sla,
+                                   args.seed)
+        series[name] = log
+        print(f"{name}: {json.dumps(results[name])}", flush=True)
+    if "static" in policies:
+        reference = results.get("planner") or next(iter(results.values()), None)
+        gpus = max(2, round(reference["gpu_hours"] * 3600 / horizon)) if reference else 4
+        best = None
+        for prefill in range(1, gpus):
+            r = run_policy(spec(prefill, gpus - prefill), engine, requests, horizon, args.interval_s, None, sla,
+                           args.seed)
+            r["split"] = f"{prefill}P+{gpus - prefill}D"
+            print(f"static {r['split']}: attainment {r['attainment']:.4f}", flush=True)
+            if best is None or r["attainment"] > best["attainment"]:
+                best = r
+        results["static"] = best
+    doc = {"experiment": "autoscale", "version": 1, "workload": args.workload, "requests": len(requests),
+           "initial_replicas": {"prefill": initial[0], "decode": initial[1]},
+           "horizon_s": horizon, "sla": sla.model_dump(), "gpu": args.gpu, "model": args.sim_model,
+           "interval_s": args.interval_s, "startup_s": args.startup_s, "predictor": args.predictor,
+           "results": results, "series": series,
+           "load": [{"t": t, "rate": f.request_rate, "isl": f.mean_isl, "osl": f.mean_osl}
+                    for t in range(0, int(horizon), int(args.interval_s))
+                    for f in [forecast(requests, t, t + args.interval_s)]]}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    plot_experiment(doc, out.with_suffix(".png"))
+    print(json.dumps({name: {k: r[k] for k in ("attainment", "gpu_hours", "attainment_per_gpu_hour")}
+                      for name, r in results.items()}, indent=2))
+    return 0
+
+
+def plot_experiment(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(3, 1, figsize=(12, 11), sharex=False)
+    ax_load, ax_rep, ax_bar = axes
+    load = doc["load"]
+    ax_load.plot([p["t"] for p in load], [p["rate"] for p in load], color="black", label="offered req/s")
+    ax_mix = ax_load.twinx()
+    ax_mix.plot([p["t"] for p in load], [p["isl"] for p in load], color="tab:orange", alpha=0.6, label="ISL")
+    ax_mix.plot([p["t"] for p in load], [p["osl"] for p in load], color="tab:green", alpha=0.6, label="OSL")
+    ax_load.set_ylabel("req/s")
+    ax_mix.set_ylabel("tokens")
+    ax_load.set_title(f"offered load ({doc['workload']})")
+    ax_load.legend(loc="upper left")
+    ax_mix.legend(loc="upper right")
+    for name, log in doc["series"].items():
+        line, = ax_rep.plot([p["t"] for p in log], [p["prefill"] for p in log], "--", label=f"{name} prefill")
+        ax_rep.plot([p["t"] for p in log], [p["decode"] for p in log], "-", color=line.get_color(),
+                    label=f"{name} decode")
+    ax_rep.set_ylabel("replicas (GPUs)")
+    ax_rep.set_xlabel("seconds")
+    ax_rep.legend(fontsize=7, ncol=2)
+    names = list(doc["results"])
+    ax_bar.bar(names, [doc["results"][n]["attainment"] * 100 for n in names], color="tab:blue", label="attainment %")
+    ax_gpu = ax_bar.twinx()
+    ax_gpu.plot(names, [doc["results"][n]["gpu_hours"] for n in names], "o", color="tab:red", label="GPU-hours")
+    ax_bar.set_ylabel("requests within both SLOs, %")
+    ax_gpu.set_ylabel("GPU-hours")
+    ax_bar.set_title("attainment and cost")
+    for ax in (ax_load, ax_rep, ax_bar):
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
