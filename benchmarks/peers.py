@@ -56,16 +56,18 @@ def wait_http(url: str, timeout_s: float = 900, proc: subprocess.Popen | None = 
     raise TimeoutError(url)
 
 
-def ensure_venv(name: str, packages: list[str]) -> Path:
-    """A peer's own virtual environment; returns its python."""
+def ensure_venv(name: str, packages: list[str], constrained: bool = True) -> Path:
+    """A peer's own virtual environment; returns its python. `constrained`:
+    pin what it shares with us to our versions (same engine builds); tools with
+    their own pins (AIPerf) install unconstrained."""
     venv = PEERS_DIR / name
     python = venv / "bin" / "python"
     marker = venv / ".installed"
     if not marker.exists():
         PEERS_DIR.mkdir(parents=True, exist_ok=True)
         subprocess.run(["python3.11", "-m", "venv", str(venv)], check=True)
-        subprocess.run([str(python), "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints" / "cpu.txt"), *packages],
-                       check=True)
+        pins = ["-c", str(ROOT / "constraints" / "cpu.txt")] if constrained else []
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *pins, *packages], check=True)
         subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"],
                        check=False)
         marker.write_text(" ".join(packages))

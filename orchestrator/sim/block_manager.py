@@ -23,14 +23,14 @@ from orchestrator.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, 
 from orchestrator.kv.hashing import ROOT_HASH, block_hashes, iter_block_hashes
 
 
-@dataclass
+@dataclass(slots=True)
 class _Block:
     block_id: int
     ref_count: int = 0
     hash: int | None = None
 
 
-@dataclass
+@dataclass(slots=True)
 class SequenceBlocks:
     """The blocks one sequence holds, in order, and how many of its tokens
     have KV computed in them."""

@@ -10,8 +10,8 @@ as vLLM's v1 scheduler does it, timed by a performance model.
         newest running request (its blocks freed, it recomputes later);
       the step lasts perf_model.step_time(batch).
 
-Output tokens are a deterministic function of the context (its last 16
-tokens and its length), like greedy decoding of a real model: equal prompts
+Output tokens are a deterministic function of the context (its last
+CONTEXT_WINDOW tokens and its length), like greedy decoding of a real model: equal prompts
 give equal outputs on every replica, and a request continued elsewhere with
 its prompt plus the tokens it had goes on with the same tokens. Disaggregation: a prefill-role request keeps its blocks after its
 first token until the decode side has read them (`release`); a request that
@@ -90,7 +90,7 @@ class StepResult:
     prompt_tokens_computed: int = 0
 
 
-CONTEXT_WINDOW = 16
+CONTEXT_WINDOW = 4
 
 
 def next_token(tail: Sequence[int], length: int, vocab_size: int = VOCAB) -> int:
@@ -225,22 +225,24 @@ class SimCore:
         return n
 
     def _advance(self, plan: list[tuple[SimRequest, int, bool]]) -> list[Emitted]:
-        emitted = []
+        emitted: list[Emitted] = []
+        mark_computed, vocab, running = self.blocks.mark_computed, self.vocab_size, State.RUNNING
         for req, n, prompt in plan:
-            if req.state is not State.RUNNING:
+            if req.state is not running:
                 continue  # preempted earlier in this step
             if prompt:
                 self.prompt_tokens_computed += n
             seq = req.seq
-            self.blocks.mark_computed(seq, n)
-            context = len(req.prompt) + len(req.generated)
+            mark_computed(seq, n)
+            generated = req.generated
+            context = len(req.prompt) + len(generated)
             if context > seq.computed_tokens:
                 continue  # more prompt chunks to go
-            token = next_token(_tail(req), context, self.vocab_size)
-            first = not req.generated
-            req.generated.append(token)
+            token = next_token(_tail(req), context, vocab)
+            first = not generated
+            generated.append(token)
             self.generation_tokens += 1
-            done = len(req.generated) >= req.max_tokens
+            done = len(generated) >= req.max_tokens
             emitted.append(Emitted(req.request_id, token, first, done or req.hold_for_transfer,
                                    req.cached_tokens if first else 0))
             if req.hold_for_transfer:

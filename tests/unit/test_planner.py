@@ -116,3 +116,22 @@ def test_predictors_on_synthetic_series():
     for v in [1, 5, 1, 5, 1, 5, 1, 5]:
         seasonal.observe(v)
     assert seasonal.predict() == pytest.approx(1.0)  # the value one period before the next
+
+
+def test_a_replica_load_window_reports_the_last_span_only():
+    from orchestrator.planner.observer import MISSING, ReplicaLoadWindow
+
+    now = [0.0]
+    window = ReplicaLoadWindow(span_s=10, clock=lambda: now[0])
+    assert window.snapshot()["first_token_p99_s"] == MISSING and window.snapshot()["arrival_rate"] == 0
+    window.arrived(1000)
+    window.token_gap(0.5)
+    now[0] = 20.0  # the first request's window has passed
+    for prompt, out, first in ((100, 10, 0.2), (300, 30, 0.4)):
+        window.arrived(prompt)
+        window.token_gap(0.02)
+        window.finished(out, cached_tokens=50, first_token_s=first)
+    snap = window.snapshot(waiting=3)
+    assert snap["arrival_rate"] == 0.2 and snap["mean_isl"] == 200 and snap["mean_osl"] == 20
+    assert snap["cached_tokens"] == 100 and snap["itl_p50_s"] == 0.02 and snap["waiting"] == 3
+    assert snap["first_token_p99_s"] == pytest.approx(0.398)
