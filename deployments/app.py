@@ -38,7 +38,12 @@ def _replicas(name: str, pool: PoolConfig, config: AppConfig) -> dict:
     return {"autoscaling_config": AutoscalingConfig(
         min_replicas=bounds.min_replicas, max_replicas=bounds.max_replicas,
         initial_replicas=min(max(pool.replicas, bounds.min_replicas), bounds.max_replicas),
-        metrics_interval_s=1.0, look_back_period_s=min(config.planner.interval_s, 10.0), policy=policy)}
+        # The planner keeps its own hysteresis: none of Serve's delays on top.
+        upscale_delay_s=0.0, downscale_delay_s=0.0,
+        # Each report is already a window of `planner.interval_s`: take the
+        # latest ones as they are (max also keeps a -1 "no sample" from
+        # averaging into a real latency).
+        metrics_interval_s=1.0, look_back_period_s=2.0, aggregation_function="max", policy=policy)}
 
 
 def _pool(name: str, pool: PoolConfig, config: AppConfig):

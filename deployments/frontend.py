@@ -90,6 +90,7 @@ class Frontend:
         return {
             "mode": self.config.mode.value,
             "routing": self.config.routing.policy.value,
+            "frontend_replica": serve.get_replica_context().replica_id.unique_id,
             "kv_index": {"blocks": self.index.num_blocks(), "following": self.kv_events.following()},
             "pools": {
                 name: [

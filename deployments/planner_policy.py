@@ -116,7 +116,7 @@ def _total(metrics, name) -> float:
 
 
 def _present(metrics, name) -> list[float]:
-    return [v for v in _values(metrics, name) if v != MISSING]
+    return [v for v in _values(metrics, name) if v > MISSING]
 
 
 def _worst(metrics, name) -> float | None:

@@ -154,12 +154,20 @@ class ProfileModel:
         return max(_interp(by_batch, batch), 0.0)
 
     def step_time(self, batch: Batch) -> float:
-        t = 0.0
-        if batch.decode_contexts:
-            t += self.decode_time(len(batch.decode_contexts), sum(batch.decode_contexts) / len(batch.decode_contexts))
-        for new, _ in batch.prefill:
-            t += self.prefill_time(new)
-        return t
+        """Each prompt chunk as its own measured prefill (attention is per
+        sequence); decoding sequences riding along a prefill step add only
+        their marginal cost over a one-sequence step (the step's fixed cost
+        is already in the prefill's time); a pure decode step is timed from
+        the decode points."""
+        if not batch.decode_contexts:
+            return sum(self.prefill_time(n) for n, _ in batch.prefill)
+        b = len(batch.decode_contexts)
+        context = sum(batch.decode_contexts) / b
+        decode = self.decode_time(b, context)
+        if not batch.prefill:
+            return decode
+        marginal = max(decode - self.decode_time(1, context), 0.0)
+        return sum(self.prefill_time(n) for n, _ in batch.prefill) + marginal
 
 
 def _interp(points: list[tuple[float, float]], x: float) -> float:

