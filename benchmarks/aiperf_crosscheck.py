@@ -66,7 +66,10 @@ def run_aiperf(python: Path, url: str, args, out_dir: Path, hf_home: Path) -> di
            "--synthetic-input-tokens-mean", str(args.isl), "--synthetic-input-tokens-stddev", "0",
            "--output-tokens-mean", str(args.osl), "--output-tokens-stddev", "0",
            "--extra-inputs", "ignore_eos:true", "--extra-inputs", "min_tokens:" + str(args.osl),
-           "--tokenizer", HF_REPO, "--artifact-dir", str(out_dir), "--warmup-request-count", "4"]
+           "--tokenizer", HF_REPO, "--artifact-dir", str(out_dir), "--warmup-request-count", "4",
+           # Count tokens from the server's usage, as our harness does: re-tokenizing the
+           # streamed text with a 618-word vocabulary gives other counts than the ids generated.
+           "--use-server-token-count"]
     env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1"}
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     found = next(out_dir.rglob("profile_export_aiperf.json"))
