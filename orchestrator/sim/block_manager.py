@@ -52,7 +52,7 @@ class BlockManager:
         self._free_uncached: list[int] = list(range(num_blocks - 1, -1, -1))
         self._free_cached: OrderedDict[int, None] = OrderedDict()
         self._cached: dict[int, int] = {}
-        self._events: list[KVEvent] = []
+        self._events: list[KVEvent | list[int]] = []  # a list: evicted hashes, not yet one BlockRemoved
 
     # -- capacity -------------------------------------------------------------
 
@@ -142,8 +142,10 @@ class BlockManager:
         self._events.append(AllBlocksCleared())
 
     def drain_events(self) -> list[KVEvent]:
+        """Events since the last drain, in order; consecutive evictions come as
+        one BlockRemoved (as vLLM batches them)."""
         events, self._events = self._events, []
-        return events
+        return [BlockRemoved(tuple(e)) if type(e) is list else e for e in events]
 
     # -- internals --------------------------------------------------------------
 
@@ -162,7 +164,11 @@ class BlockManager:
         block = self._blocks[block_id]
         if block.hash is not None:  # evicting a cache entry
             del self._cached[block.hash]
-            self._events.append(BlockRemoved((block.hash,)))
+            events = self._events
+            if events and type(events[-1]) is list:  # a run of evictions being collected
+                events[-1].append(block.hash)
+            else:
+                events.append([block.hash])
             block.hash = None
         block.ref_count = 1
         return block_id

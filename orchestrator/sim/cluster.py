@@ -323,24 +323,42 @@ class ClusterSim:
         self._gpu_clock = self.now
 
     def _step(self, replica: _Replica) -> None:
+        """Step the replica; while nothing else in the cluster happens before a
+        step ends, end it right here and go on (same order as going through
+        the event queue, without the trip: a lightly loaded replica takes a
+        step per token, and this is most of the simulator's time)."""
         core = replica.core
-        core.now = self.now
-        result = core.step()
-        self._publish(replica, result)
-        if result.duration_s == 0.0:  # nothing runnable: KV in transit, or no free blocks
-            replica.stepping = False
-            landing = core.next_transfer_at()
-            if landing is not None and landing > self.now:
-                replica.stepping = True
-                self._at(landing, lambda: self._step(replica))
-            return
-        self._at(core.now, lambda: self._step_end(replica, result))
+        while True:
+            core.now = self.now
+            result = core.step()
+            self._publish(replica, result)
+            if result.duration_s == 0.0:  # nothing runnable: KV in transit, or no free blocks
+                replica.stepping = False
+                landing = core.next_transfer_at()
+                if landing is not None and landing > self.now:
+                    replica.stepping = True
+                    self._at(landing, lambda: self._step(replica))
+                return
+            if self._events and self._events[0][0] <= core.now:
+                self._at(core.now, lambda: self._step_end(replica, result))
+                return
+            self.now = core.now
+            if not self._end_step(replica, result):
+                return
 
     def _step_end(self, replica: _Replica, result: StepResult) -> None:
+        if self._end_step(replica, result):
+            self._step(replica)
+
+    def _end_step(self, replica: _Replica, result: StepResult) -> bool:
+        """The step's tokens reach their requests; True if the replica steps on."""
         for emitted in result.emitted:
             self._token(replica, emitted)
+        if replica.core.has_work():
+            return True
         replica.stepping = False
         self._kick(replica)
+        return False
 
     def _publish(self, replica: _Replica, result: StepResult) -> None:
         if not result.events:

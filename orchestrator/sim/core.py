@@ -87,7 +87,6 @@ class StepResult:
     duration_s: float
     emitted: list[Emitted]
     events: list[KVEvent]
-    prompt_tokens_computed: int = 0
 
 
 CONTEXT_WINDOW = 4
@@ -186,7 +185,8 @@ class SimCore:
     # -- the step -------------------------------------------------------------------
 
     def step(self) -> StepResult:
-        self._land_transfers()
+        if self.transferring:
+            self._land_transfers()
         budget = self.max_batched_tokens
         # (request, tokens to compute this step, whether they are prompt tokens)
         plan: list[tuple[SimRequest, int, bool]] = []
@@ -214,8 +214,7 @@ class SimCore:
         )
         duration = self.perf.step_time(batch)
         self.now += duration
-        return StepResult(duration, self._advance(plan), self.blocks.drain_events(),
-                          prompt_tokens_computed=sum(n for n, _ in batch.prefill))
+        return StepResult(duration, self._advance(plan), self.blocks.drain_events())
 
     @staticmethod
     def _plan(plan: list[tuple[SimRequest, int, bool]], req: SimRequest, budget: int) -> int:

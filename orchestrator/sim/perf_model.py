@@ -22,7 +22,7 @@ import bisect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 
 @dataclass(frozen=True)
@@ -67,8 +67,7 @@ MODELS = {
 }
 
 
-@dataclass(frozen=True)
-class Batch:
+class Batch(NamedTuple):
     """One step's work: (new tokens, context before them) per prefill chunk,
     and the context of each decoding sequence."""
 
@@ -103,13 +102,16 @@ class RooflineModel:
 
     def step_time(self, batch: Batch) -> float:
         m = self.model
-        new = batch.new_tokens
+        decode_ctx = sum(batch.decode_contexts)
+        new, attention, context_read = len(batch.decode_contexts), decode_ctx, decode_ctx
+        for n, c in batch.prefill:
+            new += n
+            attention += n * (c + n / 2)
+            context_read += c
         if new == 0:
             return 0.0
         attn_per_token_ctx = 4 * m.layers * m.q_heads * m.head_dim
-        attention = sum(n * (c + n / 2) for n, c in batch.prefill) + sum(batch.decode_contexts)
         flops = 2 * m.params_b * 1e9 * new + attn_per_token_ctx * attention
-        context_read = sum(c for _, c in batch.prefill) + sum(batch.decode_contexts)
         bytes_moved = m.weights_bytes + m.kv_bytes_per_token * (context_read + new)
         compute = flops / (self.gpu.bf16_tflops * 1e12 * self.mfu * self.tp)
         memory = bytes_moved / (self.gpu.hbm_tb_s * 1e12 * self.mbu * self.tp)
