@@ -295,7 +295,8 @@ def _wait_ready(base: str, name: str, procs: list[subprocess.Popen], instances: 
 
 def _registered_workers(kv_dir: Path) -> list[Path]:
     """Discovery entries of `generate` endpoint instances (one per worker) in the file backend's directory."""
-    return [p for p in kv_dir.rglob("*") if p.is_file() and "generate" in p.as_posix()]
+    instances = kv_dir / "v1" / "instances"  # e.g. dynamo%2Fprefill%2Fgenerate%2F<instance id>
+    return [p for p in instances.glob("*%2Fgenerate%2F*") if p.is_file()] if instances.is_dir() else []
 
 
 @contextlib.contextmanager

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
@@ -30,34 +31,26 @@ def _sample_request(args: argparse.Namespace) -> int:
     return run_sample_request(args.url, args.wait_s, args.prompt, args.max_tokens)
 
 
-def _bench(args: argparse.Namespace) -> int:
-    from harness.cli import run_bench
-
-    return run_bench(args)
-
-
-def _simulate(args: argparse.Namespace) -> int:
-    from harness.simulate import run_simulation
-
-    return run_simulation(args)
-
-
-def _sim_server(args: argparse.Namespace) -> int:
-    from harness.sim_server import run_sim_server
-
-    return run_sim_server(args)
+# Tools with their own module: (command, help, module with add_arguments(parser), its entry function).
+TOOLS = [
+    ("bench", "benchmark an OpenAI-compatible server (sweep, rate, trace replay)", "harness.cli", "run_bench"),
+    ("simulate", "the cluster simulator: real scheduler, simulated replicas, virtual time", "harness.simulate",
+     "run_simulation"),
+    ("sim-server", "one simulated engine behind the OpenAI API, without Ray", "harness.sim_server", "run_sim_server"),
+    ("profile", "measure one engine configuration: prefill TTFT by ISL, decode ITL by batch", "harness.profile",
+     "run_profile"),
+]
+EXPERIMENTS = [
+    ("autoscale", "autoscaling policies on time-varying load (virtual time)", "harness.autoscale", "run_experiment"),
+]
 
 
-def _profile(args: argparse.Namespace) -> int:
-    from harness.profile import run_profile
-
-    return run_profile(args)
-
-
-def _experiment_autoscale(args: argparse.Namespace) -> int:
-    from harness.autoscale import run_experiment
-
-    return run_experiment(args)
+def _add_tools(sub, tools) -> None:
+    for name, help_text, module_name, entry in tools:
+        module = importlib.import_module(module_name)
+        p = sub.add_parser(name, help=help_text)
+        module.add_arguments(p)
+        p.set_defaults(func=getattr(module, entry))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,37 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config")
     p.set_defaults(func=_check_config)
 
-    p = sub.add_parser("bench", help="benchmark an OpenAI-compatible server (sweep, rate, trace replay)")
-    from harness.cli import add_arguments
-
-    add_arguments(p)
-    p.set_defaults(func=_bench)
-
-    p = sub.add_parser("simulate", help="the cluster simulator: real scheduler, simulated replicas, virtual time")
-    from harness.simulate import add_arguments as add_simulate_arguments
-
-    add_simulate_arguments(p)
-    p.set_defaults(func=_simulate)
-
-    p = sub.add_parser("sim-server", help="one simulated engine behind the OpenAI API, without Ray")
-    from harness.sim_server import add_arguments as add_sim_server_arguments
-
-    add_sim_server_arguments(p)
-    p.set_defaults(func=_sim_server)
-
-    p = sub.add_parser("profile", help="measure one engine configuration: prefill TTFT by ISL, decode ITL by batch")
-    from harness.profile import add_arguments as add_profile_arguments
-
-    add_profile_arguments(p)
-    p.set_defaults(func=_profile)
-
+    _add_tools(sub, TOOLS)
     p = sub.add_parser("experiment", help="experiments on the cluster simulator")
-    experiments = p.add_subparsers(dest="experiment", required=True)
-    p = experiments.add_parser("autoscale", help="autoscaling policies on time-varying load (virtual time)")
-    from harness.autoscale import add_arguments as add_autoscale_arguments
-
-    add_autoscale_arguments(p)
-    p.set_defaults(func=_experiment_autoscale)
+    _add_tools(p.add_subparsers(dest="experiment", required=True), EXPERIMENTS)
 
     p = sub.add_parser("sample-request", help="wait for a server to be ready, send one chat request, print it")
     p.add_argument("--url", default="http://127.0.0.1:8000")
