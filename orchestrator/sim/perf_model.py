@@ -10,8 +10,9 @@ the larger of compute time and memory time, plus a fixed per-step overhead:
            + kv_bytes_per_token * (sum of contexts read + new tokens written)
     time   = max(flops / (peak * mfu), bytes / (bandwidth * mbu)) + overhead
 
-Efficiency factors (`mfu`, `mbu`) and the overhead are calibrated against
-published measurements listed in orchestrator/sim/README.md. Tensor
+Efficiency factors (`mfu`, `mbu`) and the overhead are typical values, not
+yet fitted to published benchmark tables (see the README's simulator
+section for what is checked and what is not). Tensor
 parallelism divides compute and memory time by the TP degree and adds a
 per-step all-reduce cost.
 """
