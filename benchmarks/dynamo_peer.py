@@ -344,29 +344,63 @@ DYNAMO_LOCK = Path("/tmp/dynamo.lock")
 
 @contextlib.contextmanager
 def _machine_lock() -> Iterator[None]:
-    """Wait while a timed benchmark holds /tmp/bench.lock; hold /tmp/dynamo.lock while our engines run."""
-    while BENCH_LOCK.exists():
-        print(f"waiting: {BENCH_LOCK} exists", flush=True)
-        time.sleep(30)
-    DYNAMO_LOCK.write_text(f"{os.getpid()}\n")
+    """Wait while a timed benchmark holds /tmp/bench.lock (or another live process holds /tmp/dynamo.lock),
+    then hold /tmp/dynamo.lock, with our pid in it, while our engines run."""
+    while True:
+        if BENCH_LOCK.exists():
+            print(f"waiting: {BENCH_LOCK} exists", flush=True)
+            time.sleep(30)
+            continue
+        try:
+            fd = os.open(DYNAMO_LOCK, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            holder = DYNAMO_LOCK.read_text().strip() if DYNAMO_LOCK.exists() else ""
+            if holder.isdigit() and not _alive(int(holder)):
+                DYNAMO_LOCK.unlink(missing_ok=True)  # left by a process that died
+                continue
+            print(f"waiting: {DYNAMO_LOCK} held by {holder or '?'}", flush=True)
+            time.sleep(30)
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(f"{os.getpid()}\n")
+        break
     try:
         yield
     finally:
-        DYNAMO_LOCK.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            if DYNAMO_LOCK.read_text().strip() == str(os.getpid()):
+                DYNAMO_LOCK.unlink()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _cached(usage: dict | None) -> int | None:
+    return ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
+
+
+def _complete(client: httpx.Client, body: dict, label: str) -> dict:
+    t = time.monotonic()
+    r = client.post("/v1/completions", json=body)
+    r.raise_for_status()
+    doc = r.json()
+    print(f"{label}: {time.monotonic() - t:.2f} s text={doc['choices'][0]['text']!r} usage={doc.get('usage')} "
+          f"cached_tokens={_cached(doc.get('usage'))}", flush=True)
+    return doc
 
 
 def _smoke(base: str, name: str) -> None:
-    prompt = "The quick brown fox jumps over"
-    body = {"model": name, "prompt": prompt, "max_tokens": 8, "temperature": 0}
+    """One non-streaming and one streaming completion of a few words, then a long prompt twice (prefix cache)."""
+    body = {"model": name, "prompt": "The quick brown fox jumps over", "max_tokens": 8, "temperature": 0}
     with httpx.Client(base_url=base, timeout=120) as client:
-        for attempt in ("non-streaming", "repeated non-streaming"):
-            t = time.monotonic()
-            r = client.post("/v1/completions", json=body)
-            r.raise_for_status()
-            doc = r.json()
-            usage = doc.get("usage") or {}
-            print(f"{attempt}: {time.monotonic() - t:.2f} s text={doc['choices'][0]['text']!r} usage={usage} "
-                  f"cached_tokens={(usage.get('prompt_tokens_details') or {}).get('cached_tokens')}")
+        _complete(client, body, "non-streaming")
         t = time.monotonic()
         chunks, usage = [], None
         with client.stream("POST", "/v1/completions",
@@ -379,7 +413,12 @@ def _smoke(base: str, name: str) -> None:
                 chunks += [c.get("text", "") for c in doc.get("choices", [])]
                 usage = doc.get("usage") or usage
         print(f"streaming: {time.monotonic() - t:.2f} s chunks={len(chunks)} text={''.join(chunks)!r} usage={usage} "
-              f"cached_tokens={((usage or {}).get('prompt_tokens_details') or {}).get('cached_tokens')}")
+              f"cached_tokens={_cached(usage)}", flush=True)
+        # Longer than a few KV blocks (block size 32), so that a repeat can hit the prefix cache.
+        long = {**body, "prompt": " ".join(["Serving large language models means routing each request to the replica "
+                                            "that already holds its prefix in the key value cache."] * 4)}
+        _complete(client, long, "long prompt")
+        _complete(client, long, "long prompt repeated")
 
 
 def main(argv: list[str]) -> int:
@@ -390,7 +429,9 @@ def main(argv: list[str]) -> int:
     t = time.monotonic()
     python = ensure_dynamo_venv()
     print(f"venv: {python} ({time.monotonic() - t:.0f} s)", flush=True)
-    log = Path(tempfile.gettempdir()) / f"dynamo-{argv[0]}.log"
+    fd, name = tempfile.mkstemp(prefix=f"dynamo-{argv[0]}-", suffix=".log")  # this run's alone
+    os.close(fd)
+    log = Path(name)
     print(f"log: {log}", flush=True)
     with _machine_lock():
         t = time.monotonic()
@@ -400,7 +441,18 @@ def main(argv: list[str]) -> int:
             _smoke(base, cfg.model.name)
             t = time.monotonic()
         print(f"stopped in {time.monotonic() - t:.0f} s")
+    print("router decisions (worker_type worker_id: requests):", _routing_summary(log))
     return 0
+
+
+def _routing_summary(log: Path) -> dict[str, int]:
+    """Counts of the frontend's `Selected worker` log lines per worker in `log`."""
+    import collections
+    import re
+
+    pattern = re.compile(r"Selected worker.*?worker_id\W*=\W*(\d+).*?worker_type\W*=\W*(\w+)")
+    text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text(errors="replace"))
+    return dict(collections.Counter(f"{m[2]} {m[1]}" for m in pattern.finditer(text)))
 
 
 if __name__ == "__main__":
