@@ -8,6 +8,11 @@ requests over TCP and events over ZMQ.
 
     python benchmarks/dynamo_peer.py disagg   # smoke check: 1 prefill + 1 decode worker
     python benchmarks/dynamo_peer.py kv       # smoke check: KV router + 2 aggregated workers
+
+Engines get our pools' CPU settings (OpenMP env, dtype, block size, KV cache
+bytes, eager mode, prefix caching) and, in disaggregated mode, the same bound
+on NIXL's progress-thread poll delay as ours (see the shim below); processes
+run outside the repository so that our own vLLM plugin is not picked up.
 """
 
 from __future__ import annotations
@@ -52,23 +57,36 @@ EXTRAS = ["vllm"]
 # (Each launcher passes `--served-model-name cfg.model.name` to its workers.)
 SERVED_MODEL_NAME_FROM = "cfg.model.name"
 
-# `smart_resize` is imported at start-up by dynamo.vllm
-# (multimodal_utils/models/qwen.py) from a transformers module that, in
-# transformers 5.17 (vLLM 0.31's pin), imports torchvision, which has to go
-# (see above). The .pth file below runs this in every interpreter of the venv:
-# a meta-path finder that, only when that module is imported, runs the real one
-# and, if that fails or lacks `smart_resize`, adds transformers' own copy from
-# the torchvision-free `image_processing_pil_qwen2_vl` (or, failing that, this
-# file's copy of Qwen2-VL's resize rule).
+# Two import-time adjustments in the venv, made by a module that a .pth file
+# loads in every interpreter there: a meta-path finder that acts only when one
+# of these modules is imported, runs the real module, then adjusts it.
+# - `transformers.models.qwen2_vl.image_processing_qwen2_vl.smart_resize` is
+#   imported at start-up by dynamo.vllm (multimodal_utils/models/qwen.py); in
+#   transformers 5.17 (vLLM 0.31's pin) that module imports torchvision, which
+#   has to go (see above). If the real module fails or lacks it, the shim adds
+#   transformers' own copy from the torchvision-free
+#   `image_processing_pil_qwen2_vl` (failing that, a copy of Qwen2-VL's rule).
+# - `nixl`: when NIXL_PROGRESS_DELAY_ENV is set, the NIXL agents vLLM creates get
+#   at least that poll delay for their progress thread, the bound our own
+#   engines get from `network.nixl_progress_delay_us` (our vLLM plugin does the
+#   same there). NIXL's Python agent hard-codes a delay of 0: the thread spins a
+#   core per engine, and with two engines on 2 cores Dynamo's worker processes
+#   starved so badly that their 10 s discovery lease (DYN_FILE_KV files, touched
+#   every 3.3 s) expired mid-request and the frontend dropped the decode worker
+#   (404 "model not found" / 500 "no endpoints available"), or the NIXL
+#   handshake failed.
+NIXL_PROGRESS_DELAY_ENV = "DYNAMO_PEER_NIXL_PROGRESS_DELAY_US"
 SHIM_MODULE = "_dynamo_peer_shims"
-SHIM_SOURCE = '''"""Import shim for Dynamo 1.6.1 in the benchmarks' peer venv (written by benchmarks/dynamo_peer.py)."""
+SHIM_SOURCE = '''"""Import shims for Dynamo 1.6.1 in the benchmarks' peer venv (written by benchmarks/dynamo_peer.py)."""
 import importlib.abc
 import importlib.util
 import math
+import os
 import sys
-import types
 
-TARGET = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+QWEN2_VL = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
+NIXL = "nixl"
+NIXL_PROGRESS_DELAY_ENV = "DYNAMO_PEER_NIXL_PROGRESS_DELAY_US"
 
 
 def smart_resize(height, width, factor=28, min_pixels=56 * 56, max_pixels=14 * 14 * 4 * 1280):
@@ -88,30 +106,58 @@ def smart_resize(height, width, factor=28, min_pixels=56 * 56, max_pixels=14 * 1
     return h_bar, w_bar
 
 
+def _after_qwen2_vl(module, error):
+    if not hasattr(module, "smart_resize"):
+        try:  # the same function in the module that does not need torchvision
+            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as real
+        except Exception:  # noqa: BLE001
+            real = smart_resize
+        module.smart_resize = real
+
+
+def _after_nixl(module, error):
+    if error is not None:
+        raise error
+    delay = os.environ.get(NIXL_PROGRESS_DELAY_ENV)
+    if not delay:
+        return
+    bindings = module._api.nixlBind
+    base = bindings.nixlAgentConfig
+
+    class BoundedProgressConfig(base):
+        def __setattr__(self, name, value):
+            if name == "pthrDelay":
+                value = max(value, int(delay))
+            super().__setattr__(name, value)
+
+    bindings.nixlAgentConfig = BoundedProgressConfig
+
+
+AFTER = {QWEN2_VL: _after_qwen2_vl, NIXL: _after_nixl}
+
+
 class _Loader(importlib.abc.Loader):
-    def __init__(self, real):
+    def __init__(self, real, after):
         self.real = real
+        self.after = after
 
     def create_module(self, spec):
         return None
 
     def exec_module(self, module):
+        error = None
         if self.real is not None:
             try:
                 self.real.loader.exec_module(module)
-            except Exception:  # noqa: BLE001 - a broken real module: the shim alone
-                pass
-        if not hasattr(module, "smart_resize"):
-            try:  # the same function in the module that does not need torchvision
-                from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as real
-            except Exception:  # noqa: BLE001
-                real = smart_resize
-            module.smart_resize = real
+            except Exception as e:  # noqa: BLE001 - each hook decides
+                error = e
+        self.after(module, error)
 
 
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
-        if name != TARGET:
+        after = AFTER.get(name)
+        if after is None:
             return None
         sys.meta_path.remove(self)
         try:
@@ -120,15 +166,17 @@ class _Finder(importlib.abc.MetaPathFinder):
             real = None
         finally:
             sys.meta_path.insert(0, self)
+        if real is None and name == NIXL:
+            return None
         origin = real.origin if real is not None else None
-        spec = importlib.util.spec_from_loader(name, _Loader(real), origin=origin)
+        spec = importlib.util.spec_from_loader(name, _Loader(real, after), origin=origin)
         if real is not None:
             spec.submodule_search_locations = real.submodule_search_locations
             spec.has_location = real.has_location
         return spec
 
 
-if not any(isinstance(f, _Finder) for f in sys.meta_path):
+if not any(type(f).__name__ == "_Finder" and type(f).__module__ == __name__ for f in sys.meta_path):
     sys.meta_path.insert(0, _Finder())
 '''
 
@@ -203,7 +251,7 @@ def ensure_dynamo_venv() -> Path:
     subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"],
                    check=False)
     _write_shim(python)
-    subprocess.run([str(python), "-c", "import dynamo.vllm.main, dynamo.frontend.main"], check=True)
+    subprocess.run([str(python), "-c", "import dynamo.vllm.main, dynamo.frontend.main"], check=True, cwd=venv)
     marker.write_text(" ".join([*BASE_PACKAGES, *DYNAMO_WHEELS]))
     return python
 
@@ -224,13 +272,20 @@ def _base_env(kv_dir: Path) -> dict[str, str]:
            "PYTHONUNBUFFERED": "1"}
     for key in ("DYN_SYSTEM_PORT", "DYN_TCP_RPC_PORT", "DYN_FORWARDPASS_METRIC_PORT", "DYN_NAMESPACE"):
         env.pop(key, None)
-    return env
+    return _without_ours(env)
+
+
+def _without_ours(env: dict[str, str]) -> dict[str, str]:
+    """No switches of our own vLLM plugin: a peer runs as its own project ships it."""
+    return {k: v for k, v in env.items() if not k.startswith("ORCHESTRATOR_")}
 
 
 def _worker_env(cfg: AppConfig, kv_dir: Path, **extra: str) -> dict[str, str]:
-    """Our engines' CPU settings (OpenMP threads, no spinning) from the decode pool's config."""
-    env = _base_env(kv_dir) | peers.process_env(cfg.decode_pool.engine, cfg.network) | extra
-    env.pop("ORCHESTRATOR_NIXL_PROGRESS_DELAY_US", None)  # our vLLM plugin is not installed there
+    """Our engines' CPU settings (OpenMP threads, no spinning) from the decode pool's config, and the same
+    bound on NIXL's progress-thread poll delay as ours (`network.nixl_progress_delay_us`; see the shim)."""
+    env = _without_ours(_base_env(kv_dir) | peers.process_env(cfg.decode_pool.engine, cfg.network) | extra)
+    if cfg.network.nixl_progress_delay_us is not None:
+        env[NIXL_PROGRESS_DELAY_ENV] = str(cfg.network.nixl_progress_delay_us)
     return env
 
 
@@ -256,7 +311,7 @@ def _worker(python: Path, cfg: AppConfig, kv_dir: Path, log: Path, mode: str | N
     with log.open("a") as f:
         f.write(f"\n=== dynamo.vllm ({mode or 'agg'}): {' '.join(cmd)}\n")
     return subprocess.Popen(cmd, env=_worker_env(cfg, kv_dir, **extra), stdout=log.open("a"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+                            stderr=subprocess.STDOUT, start_new_session=True, cwd=kv_dir.parent)
 
 
 def _frontend(python: Path, port: int, kv_dir: Path, log: Path) -> subprocess.Popen:
@@ -265,7 +320,7 @@ def _frontend(python: Path, port: int, kv_dir: Path, log: Path) -> subprocess.Po
     with log.open("a") as f:
         f.write(f"\n=== dynamo.frontend: {' '.join(cmd)}\n")
     return subprocess.Popen(cmd, env=_base_env(kv_dir), stdout=log.open("a"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+                            start_new_session=True, cwd=kv_dir.parent)
 
 
 def _stop_all(procs: list[subprocess.Popen]) -> None:
@@ -302,7 +357,12 @@ def _registered_workers(kv_dir: Path) -> list[Path]:
 @contextlib.contextmanager
 def _launch(cfg: AppConfig, modes: list[str | None], log: Path) -> Iterator[str]:
     python = ensure_dynamo_venv()
-    kv_dir = Path(tempfile.mkdtemp(prefix="dyn-kv-"))
+    # Each launch: its own working directory (not the repository: `python -m` puts the working directory on
+    # sys.path, and our egg-info there would register our own vLLM plugin in the peer's engines) and its own
+    # discovery directory (a fresh DYN_FILE_KV).
+    run_dir = Path(tempfile.mkdtemp(prefix="dynamo-run-"))
+    kv_dir = run_dir / "kv"
+    kv_dir.mkdir()
     port = peers.free_port()
     base = f"http://127.0.0.1:{port}"
     procs: list[subprocess.Popen] = []
@@ -314,14 +374,16 @@ def _launch(cfg: AppConfig, modes: list[str | None], log: Path) -> Iterator[str]
         yield base
     finally:
         _stop_all(procs)
-        shutil.rmtree(kv_dir, ignore_errors=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 @contextlib.contextmanager
 def dynamo_disagg(cfg: AppConfig, log: Path) -> Iterator[str]:
     """Dynamo's frontend (KV router) + one prefill and one decode `dynamo.vllm` worker (NIXL, CPU buffers).
 
-    Yields the frontend's base URL; clients send `cfg.model.name`."""
+    Yields the frontend's base URL; clients send `cfg.model.name`. The first request or two through a fresh
+    pair can take seconds (NIXL handshake and first transfer; up to ~30 s seen on 2 busy cores): warm up
+    with a short throwaway prompt (under one KV block, so nothing lands in the prefix cache) before timing."""
     with _launch(cfg, ["prefill", "decode"], log) as base:
         yield base
 
