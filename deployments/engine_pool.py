@@ -11,7 +11,7 @@ from typing import Any
 import ray
 from ray import serve
 
-from orchestrator.config import AppConfig
+from orchestrator.config import AppConfig, PlannerMode
 from orchestrator.engines import create_engine
 from orchestrator.engines.base import EngineRole
 from orchestrator.planner.observer import ReplicaLoadWindow
@@ -30,13 +30,18 @@ class EnginePool:
         host = app.network.advertise_host or ray.util.get_node_ip_address()
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.engine = create_engine(app, pool, self.role, host)
-        self.window = ReplicaLoadWindow(app.planner.interval_s)
+        # What the SLA planner observes of this replica; None (nothing recorded) with the planner off.
+        self.window = ReplicaLoadWindow(app.planner.interval_s) if app.planner.mode is not PlannerMode.OFF else None
         self.info = await self.engine.start()
         log.info("%s replica %s ready: %s", self.role.value, self.replica_id, self.info)
 
     # -- requests -------------------------------------------------------------
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        if self.window is None:
+            async for chunk in self.engine.generate(request):
+                yield chunk
+            return
         window, start = self.window, time.monotonic()
         window.arrived(len(request.prompt_token_ids))
         first, last, outputs, cached = None, start, 0, 0
@@ -56,9 +61,11 @@ class EnginePool:
 
     async def prefill(self, request: EngineRequest) -> PrefillResult:
         start = time.monotonic()
-        self.window.arrived(len(request.prompt_token_ids))
+        if self.window is not None:
+            self.window.arrived(len(request.prompt_token_ids))
         result = await self.engine.prefill(request)
-        self.window.finished(0, result.num_cached_tokens, time.monotonic() - start)
+        if self.window is not None:
+            self.window.finished(0, result.num_cached_tokens, time.monotonic() - start)
         return dataclasses.replace(result, replica_id=self.replica_id)
 
     # -- reports --------------------------------------------------------------
@@ -75,7 +82,7 @@ class EnginePool:
 
     def record_autoscaling_stats(self) -> dict[str, float]:
         """Custom autoscaling metrics: what the SLA planner observes of this replica."""
-        return self.window.snapshot(waiting=self.engine.stats().num_waiting)
+        return {} if self.window is None else self.window.snapshot(waiting=self.engine.stats().num_waiting)
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Polled by Serve every `request_routing_stats_period_s` and pushed to routers."""

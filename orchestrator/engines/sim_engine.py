@@ -215,7 +215,7 @@ class SimEngine:
         return EngineStats(
             num_running=core.num_running,
             num_waiting=core.num_waiting,
-            kv_cache_usage=1.0 - core.blocks.free_blocks / core.blocks.num_blocks,
+            kv_cache_usage=core.blocks.usage,
             prompt_tokens_computed_total=core.prompt_tokens_computed,
             prompt_tokens_local_cache_total=core.prompt_tokens_cached,
             prompt_tokens_transferred_total=core.prompt_tokens_transferred,

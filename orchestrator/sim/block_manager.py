@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from orchestrator.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from orchestrator.kv.events import BlockRemoved, BlockStored, KVEvent
 from orchestrator.kv.hashing import ROOT_HASH, block_hashes, iter_block_hashes
 
 
@@ -130,16 +130,6 @@ class BlockManager:
                 else:
                     self._free_cached[block_id] = None
         seq.blocks.clear()
-
-    def reset(self) -> None:
-        """Forget every cached block (the engine's cache reset)."""
-        for block in self._blocks:
-            if block.ref_count == 0 and block.hash is not None:
-                block.hash = None
-                del self._free_cached[block.block_id]
-                self._free_uncached.append(block.block_id)
-        self._cached = {h: b for h, b in self._cached.items() if self._blocks[b].hash == h}
-        self._events.append(AllBlocksCleared())
 
     def drain_events(self) -> list[KVEvent]:
         """Events since the last drain, in order; consecutive evictions come as

@@ -115,7 +115,7 @@ class _Replica:
     def view(self) -> ReplicaView:
         core = self.core
         stats = EngineStats(num_running=core.num_running, num_waiting=core.num_waiting,
-                            kv_cache_usage=1.0 - core.blocks.free_blocks / core.blocks.num_blocks)
+                            kv_cache_usage=core.blocks.usage)
         return ReplicaView(self.replica_id, self.info, stats)
 
 

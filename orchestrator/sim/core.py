@@ -58,20 +58,6 @@ class SimRequest:
     transferred_tokens: int = 0
     preemptions: int = 0
 
-    @property
-    def context(self) -> int:
-        return len(self.prompt) + len(self.generated)
-
-    @property
-    def pending_tokens(self) -> int:
-        """Tokens whose KV the next steps compute before the next output token."""
-        return self.context - self.seq.computed_tokens if self.seq is not None else self.context
-
-    @property
-    def in_prefill(self) -> bool:
-        """Computing a prompt (or, after a preemption, prompt and output so far);
-        a decode step computes just the last generated token."""
-        return self.pending_tokens > 1 or not self.generated
 
 
 class Emitted(NamedTuple):
@@ -218,6 +204,10 @@ class SimCore:
 
     @staticmethod
     def _plan(plan: list[tuple[SimRequest, int, bool]], req: SimRequest, budget: int) -> int:
+        """Plan the request's next tokens within the budget. Pending tokens are
+        those whose KV comes before its next output token; more than one, or
+        none generated yet, means prompt work (a prompt, or after a preemption
+        prompt and output so far); a decode step computes just the last token."""
         pending = len(req.prompt) + len(req.generated) - req.seq.computed_tokens
         n = pending if pending < budget else budget
         plan.append((req, n, pending > 1 or not req.generated))
