@@ -124,14 +124,55 @@ class SimEngineConfig(_Strict):
         return None  # simulated: runs on a CPU core whatever it models
 
 
+class SglangTransferBackend(str, enum.Enum):
+    NIXL = "nixl"
+    MOONCAKE = "mooncake"
+
+
+class SglangEngineConfig(_Strict):
+    """SGLang's engine (`sglang.Engine`) in its disaggregation role. SGLang
+    needs CUDA: this kind runs only on GPU machines (benchmarks/gpu/)."""
+
+    kind: Literal["sglang"]
+    tensor_parallel_size: PositiveInt = 1
+    mem_fraction_static: float | None = Field(default=None, gt=0, lt=1, description="None: SGLang's default.")
+    max_running_requests: PositiveInt | None = None
+    chunked_prefill_size: PositiveInt | None = None
+    transfer_backend: SglangTransferBackend = SglangTransferBackend.NIXL
+    bootstrap_port: int = Field(
+        default=8998, ge=1, le=65535,
+        description="Port a prefill replica's bootstrap server listens on; decode replicas reach it at the "
+        "prefill replica's advertised host.")
+    ib_device: str | None = Field(default=None, description="RDMA device(s) for the mooncake backend, e.g. mlx5_0.")
+    server_args: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Further SGLang ServerArgs, checked against SGLang's own field names at build time.",
+    )
+
+    @property
+    def device(self) -> Device:
+        return Device.CUDA
+
+    @model_validator(mode="after")
+    def _check(self) -> "SglangEngineConfig":
+        reserved = {"model_path", "tokenizer_path", "dtype", "context_length", "page_size", "tp_size",
+                    "disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
+                    "kv_events_config", "served_model_name", "random_seed", "disable_radix_cache"}
+        clash = sorted(reserved & set(self.server_args))
+        if clash:
+            raise ValueError(f"server_args may not set {clash}: they come from model/kv_cache/pool settings")
+        return self
+
+
 def _engine_kind(value: Any) -> str:
     return value.get("kind", "vllm") if isinstance(value, dict) else value.kind
 
 
 EngineConfig = Annotated[
-    Annotated[VllmEngineConfig, Tag("vllm")] | Annotated[SimEngineConfig, Tag("sim")],
+    Annotated[VllmEngineConfig, Tag("vllm")] | Annotated[SimEngineConfig, Tag("sim")]
+    | Annotated[SglangEngineConfig, Tag("sglang")],
     Discriminator(_engine_kind, custom_error_type="engine_kind",
-                  custom_error_message="engine.kind must be 'vllm' or 'sim'"),
+                  custom_error_message="engine.kind must be 'vllm', 'sim' or 'sglang'"),
 ]
 
 

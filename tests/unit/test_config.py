@@ -60,7 +60,7 @@ def test_gpu_pools_ask_for_their_gpus():
         ("model.max_model_len", -1, "model.max_model_len"),
         ("decode_pool.replicas", 0, "decode_pool.replicas"),
         ("prefill_pool.engine.cpu.kv_cache_gib", 0, "prefill_pool.engine.vllm.cpu.kv_cache_gib"),
-        ("decode_pool.engine.kind", "tensorrt", "engine.kind must be 'vllm' or 'sim'"),
+        ("decode_pool.engine.kind", "tensorrt", "engine.kind must be 'vllm', 'sim' or 'sglang'"),
         ("frontend.prefill_timeout_s", 0, "frontend.prefill_timeout_s"),
         ("kv_cache.block_size", 16, "block_size=16"),
         ("decode_pool.engine.engine_args", {"block_size": 64}, "engine_args may not set ['block_size']"),
