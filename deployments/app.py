@@ -12,6 +12,7 @@ from deployments.frontend import Frontend
 from orchestrator.config import AppConfig, PlannerMode, PoolConfig, ServingMode
 from orchestrator.engines import check_engine_config, process_env
 from orchestrator.engines.base import EngineRole
+from orchestrator.placement import STRICT_PACK, replica_bundles
 
 # Imported by path in each caller's process, where the frontend finds it in
 # the router registry.
@@ -46,17 +47,32 @@ def _replicas(name: str, pool: PoolConfig, config: AppConfig) -> dict:
         metrics_interval_s=1.0, look_back_period_s=2.0, aggregation_function="max", policy=policy)}
 
 
+def _placement(pool: PoolConfig) -> dict:
+    """Resources of one replica. A tensor-parallel replica gets a STRICT_PACK
+    placement group (all ranks on one node): for vLLM one bundle per rank, the
+    replica actor in the first, vLLM's Ray executor placing its workers; SGLang
+    spawns its ranks itself, so its actor holds all the GPUs in one bundle."""
+    actor = {"num_cpus": pool.num_cpus, "num_gpus": pool.num_gpus, "resources": dict(pool.resources)}
+    if pool.num_gpus <= 1:
+        return {"ray_actor_options": actor}
+    if pool.engine.kind == "sglang":
+        bundles = [{"CPU": pool.num_cpus, "GPU": float(pool.num_gpus), **pool.resources}]
+    else:
+        bundles = replica_bundles(pool.num_cpus, pool.num_gpus, pool.resources)
+        actor["num_gpus"] = 0
+    return {"ray_actor_options": actor, "placement_group_bundles": bundles, "placement_group_strategy": STRICT_PACK}
+
+
 def _pool(name: str, pool: PoolConfig, config: AppConfig):
+    placement = _placement(pool)
+    placement["ray_actor_options"]["runtime_env"] = {
+        "env_vars": {**REPLICA_ENV, **process_env(config, pool), **config.network.transport_env}}
     return EnginePool.options(
         name=name,
         **_replicas(name, pool, config),
         max_ongoing_requests=pool.max_ongoing_requests,
         graceful_shutdown_timeout_s=DRAIN_TIMEOUT_S,
-        ray_actor_options={
-            "num_cpus": pool.num_cpus,
-            "num_gpus": pool.num_gpus,
-            "runtime_env": {"env_vars": {**REPLICA_ENV, **process_env(config, pool)}},
-        },
+        **placement,
         request_router_config=RequestRouterConfig(
             request_router_class=ROUTER_CLASS,
             request_routing_stats_period_s=ROUTING_STATS_PERIOD_S,

@@ -86,10 +86,8 @@ class VllmEngineConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "VllmEngineConfig":
-        if self.tensor_parallel_size > 1:
-            raise ValueError(
-                "tensor_parallel_size > 1 needs placement-group replicas, which this release does not build yet"
-            )
+        if self.tensor_parallel_size > 1 and self.device is not Device.CUDA:
+            raise ValueError("tensor_parallel_size > 1 needs device cuda (vLLM's CPU build runs one rank here)")
         reserved = {"model", "tokenizer", "dtype", "max_model_len", "block_size", "kv_transfer_config",
                     "kv_events_config", "enable_prefix_caching", "served_model_name", "seed"}
         clash = sorted(reserved & set(self.engine_args))
@@ -180,6 +178,11 @@ class PoolConfig(_Strict):
     replicas: PositiveInt = 1
     engine: EngineConfig
     num_cpus: float = Field(default=1.0, ge=0, description="Ray logical CPUs per replica.")
+    resources: dict[str, PositiveFloat] = Field(
+        default_factory=dict,
+        description="Ray custom resources each replica needs, e.g. {prefill_node: 1} to keep a pool on the nodes "
+        "started with that resource (`ray start --resources`).",
+    )
     max_ongoing_requests: PositiveInt = Field(
         default=256, description="Serve-level cap per replica; the engine queues beyond its batch."
     )
@@ -333,12 +336,26 @@ class NetworkConfig(_Strict):
         description="How long a decode engine waits for a prefill engine's NIXL handshake before it computes "
         "the prompt itself. None: vLLM's default (30 s).",
     )
+    transport_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Environment of every engine process for the KV transport: UCX_TLS, UCX_NET_DEVICES, "
+        "FI_PROVIDER=efa, NCCL_* ... Nothing is set that is not listed here.",
+    )
     nixl_progress_delay_us: int | None = Field(
         default=None,
         ge=1,
         description="Poll interval of NIXL's UCX progress thread. None keeps NIXL's busy-polling (lowest "
         "latency, one core per engine); CPU machines want ~1000, or idle engines eat every core.",
     )
+
+
+class ClusterConfig(_Strict):
+    """The GPUs the application may use, for layout checks at build time. Each
+    replica's tensor-parallel ranks sit on one node (a STRICT_PACK placement
+    group), so a replica never spans nodes."""
+
+    gpus_per_node: PositiveInt = 8
+    nodes: PositiveInt | None = Field(default=None, description="GPU nodes; None: not checked against a total.")
 
 
 class AppConfig(_Strict):
@@ -353,6 +370,7 @@ class AppConfig(_Strict):
     sla: SlaConfig = SlaConfig()
     planner: PlannerConfig = PlannerConfig()
     network: NetworkConfig = NetworkConfig()
+    cluster: ClusterConfig | None = Field(default=None, description="None: layouts are not checked.")
 
     @property
     def mode(self) -> ServingMode:
@@ -377,7 +395,22 @@ class AppConfig(_Strict):
                     f"kv_cache.block_size={self.kv_cache.block_size}: {name} runs on CPU, "
                     f"where vLLM needs a multiple of {CPU_BLOCK_SIZE_MULTIPLE}"
                 )
+        if self.cluster is not None:
+            from orchestrator.placement import check_layout
+
+            check_layout(self.pool_gpu_demand(), self.cluster.gpus_per_node, self.cluster.nodes)
         return self
+
+    def pool_gpu_demand(self) -> dict[str, tuple[int, int]]:
+        """Per pool: (GPUs per replica, most replicas it may run) — the planner's
+        max_replicas when it acts, else the fixed count."""
+        demand = {}
+        for name, pool in self.pools().items():
+            most = pool.replicas
+            if self.planner.mode is PlannerMode.ACT:
+                most = (self.planner.prefill if name == "prefill_pool" else self.planner.decode).max_replicas
+            demand[name] = (pool.num_gpus, most)
+        return demand
 
 
 def load_serve_config(path: str | Path) -> dict[str, Any]:

@@ -186,6 +186,8 @@ class VllmEngine:
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
             # On CPU the KV cache is sized in bytes, not as a share of device memory.
             "kv_cache_memory_bytes": int(cfg.cpu.kv_cache_gib * 2**30) if cfg.device is Device.CPU else None,
+            # Tensor-parallel workers go into the replica's placement group (deployments/app.py).
+            "distributed_executor_backend": "ray" if cfg.tensor_parallel_size > 1 else None,
         }
         return AsyncEngineArgs(
             model=self._model.weights_source,
