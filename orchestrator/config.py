@@ -139,8 +139,9 @@ class SglangEngineConfig(_Strict):
     transfer_backend: SglangTransferBackend = SglangTransferBackend.NIXL
     bootstrap_port: int = Field(
         default=8998, ge=1, le=65535,
-        description="Port a prefill replica's bootstrap server listens on; decode replicas reach it at the "
-        "prefill replica's advertised host.")
+        description="First port a prefill replica's bootstrap server tries (the first free one from here up, "
+        "so that several prefill replicas share a node); the replica publishes the port it took and decode "
+        "replicas reach it at the prefill replica's advertised host.")
     ib_device: str | None = Field(default=None, description="RDMA device(s) for the mooncake backend, e.g. mlx5_0.")
     server_args: dict[str, Any] = Field(
         default_factory=dict,
@@ -155,7 +156,12 @@ class SglangEngineConfig(_Strict):
     def _check(self) -> "SglangEngineConfig":
         reserved = {"model_path", "tokenizer_path", "dtype", "context_length", "page_size", "tp_size",
                     "disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
-                    "kv_events_config", "served_model_name", "random_seed", "disable_radix_cache"}
+                    "kv_events_config", "served_model_name", "random_seed", "disable_radix_cache",
+                    # set by the adapter or by fields of this model
+                    "host", "port", "disaggregation_ib_device", "mem_fraction_static", "max_running_requests",
+                    "chunked_prefill_size",
+                    # the adapter needs SGLang's detokenized text
+                    "skip_tokenizer_init"}
         clash = sorted(reserved & set(self.server_args))
         if clash:
             raise ValueError(f"server_args may not set {clash}: they come from model/kv_cache/pool settings")
@@ -395,6 +401,10 @@ class AppConfig(_Strict):
                     f"kv_cache.block_size={self.kv_cache.block_size}: {name} runs on CPU, "
                     f"where vLLM needs a multiple of {CPU_BLOCK_SIZE_MULTIPLE}"
                 )
+        kinds = {pool.engine.kind for pool in self.pools().values()}
+        if self.mode is ServingMode.DISAGGREGATED and "sglang" in kinds and len(kinds) > 1:
+            raise ValueError("an SGLang pool hands KV over only to or from another SGLang pool (a bootstrap "
+                             "rendezvous): prefill_pool and decode_pool must both be kind sglang")
         if self.cluster is not None:
             from orchestrator.placement import check_layout
 

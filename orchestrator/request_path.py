@@ -10,10 +10,19 @@
            computes their KV and continues; the client sees one unbroken
            stream (at most `max_migrations` times, then the error).
 
+Engines whose prefill replica publishes `KVHandoff.CONCURRENT` (SGLang) hand
+KV over differently: the frontend draws a rendezvous (the prefill replica's
+bootstrap address, a room from `rng`) and starts the prefill call and the
+decode stream together, both carrying it; the decode engine pre-allocates,
+the prefill engine sends the KV there. A decode engine that cannot prefill
+locally (`EngineInfo.prefills_locally` False) gets such a concurrent prefill
+for every attempt, a migrated continuation included.
+
 A failed or slow prefill never loses the request: it costs a local prefill
-on the decode replica, counted in `prefill_fallbacks`. A failed decode
-replica costs a recomputation of the context on another, counted in
-`migrations`.
+on the decode replica (or, where the decode engine cannot prefill, a new
+concurrent prefill on another prefill replica), counted in
+`prefill_fallbacks`. A failed decode replica costs a recomputation of the
+context on another, counted in `migrations`.
 """
 
 from __future__ import annotations
@@ -22,13 +31,20 @@ import asyncio
 import contextlib
 import enum
 import logging
+import random
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 
-from orchestrator.engines.base import EngineRequestRejected
+from orchestrator.engines.base import (
+    BOOTSTRAP_ROOM_BITS,
+    EngineError,
+    EngineRequestRejected,
+    KVHandoff,
+    rendezvous_transfer,
+)
 from orchestrator.metrics import FrontendMetrics
-from orchestrator.pools import PoolClient
+from orchestrator.pools import PoolClient, ReplicaView
 from orchestrator.requests import EngineChunk, EngineRequest, KVTransfer, PrefillResult
 from orchestrator.routing.base import RouteDecision, Scheduler
 
@@ -50,6 +66,19 @@ class RequestTrace:
     migrations: int = 0
 
 
+class _ConcurrentPrefillFailed(Exception):
+    """The prefill half of a concurrent handoff failed before the decode
+    stream produced anything; the decode attempt was aborted."""
+
+    def __init__(self, prefill_replica: str) -> None:
+        super().__init__(prefill_replica)
+        self.prefill_replica = prefill_replica
+
+
+def _is_concurrent(view: ReplicaView | None) -> bool:
+    return view is not None and view.info is not None and view.info.kv_handoff is KVHandoff.CONCURRENT
+
+
 class RequestPath:
     def __init__(
         self,
@@ -61,6 +90,7 @@ class RequestPath:
         max_migrations: int = 2,
         clock: Callable[[], float] = time.perf_counter,
         detokenize: Callable[[Sequence[int]], str] | None = None,
+        rng: random.Random | None = None,
     ) -> None:
         self.decode_pool = decode_pool
         self.prefill_pool = prefill_pool
@@ -73,6 +103,9 @@ class RequestPath:
         # not know the text already sent, so its own detokenizer can disagree
         # at the seam (a character split across tokens). None: trust the engine.
         self.detokenize = detokenize
+        # Draws KV rendezvous rooms and the prefill replica a decode engine
+        # that cannot prefill locally falls back to.
+        self.rng = rng or random.Random()
 
     async def stream(self, request: EngineRequest, trace: RequestTrace) -> AsyncIterator[EngineChunk]:
         prefill_replicas = self.prefill_pool.replicas() if self.prefill_pool is not None else None
@@ -84,21 +117,36 @@ class RequestPath:
         self.metrics.route_decisions.labels(route.kind.value, route.reason.value if route.reason else "").inc()
         try:
             kv = None
+            concurrent_with = None
             if route.remote_prefill:
-                kv = await self._remote_prefill(request, route, trace)
-                self.scheduler.on_prefill_done(request.request_id)
-            async for chunk in self._decode(request, request.for_decode(route.decode_replica, kv), trace):
+                view = self._prefill_view(route.prefill_replica, prefill_replicas or ())
+                if _is_concurrent(view):
+                    concurrent_with = view
+                else:
+                    kv = await self._remote_prefill(request.for_prefill(route.prefill_replica), trace)
+                    self.scheduler.on_prefill_done(request.request_id)
+            decode = self._decode(request, request.for_decode(route.decode_replica, kv), trace, concurrent_with)
+            async for chunk in decode:
                 yield chunk
         finally:
             self.scheduler.on_request_finished(request.request_id)
 
-    async def _decode(self, original: EngineRequest, request: EngineRequest, trace: RequestTrace) -> AsyncIterator[EngineChunk]:
+    async def _decode(self, original: EngineRequest, request: EngineRequest, trace: RequestTrace,
+                      concurrent_with: ReplicaView | None = None) -> AsyncIterator[EngineChunk]:
+        """Stream `request`; `concurrent_with` is a CONCURRENT prefill replica
+        to hand the prompt's KV over from while the decode runs."""
         generated: list[int] = []
         sent_text = ""
         failed: set[str] = set()
+        failed_prefills: set[str] = set()
         while True:
+            needs_prefill = request.kv_transfer is None and not self._prefills_locally(request.target_replica)
+            if concurrent_with is None and needs_prefill:
+                concurrent_with = self._fallback_prefill_view(failed_prefills)
+            source = (self.decode_pool.generate(request) if concurrent_with is None
+                      else self._concurrent_handoff(request, concurrent_with, trace))
             try:
-                async with contextlib.aclosing(self.decode_pool.generate(request)) as chunks:
+                async with contextlib.aclosing(source) as chunks:
                     async for chunk in chunks:
                         if chunk.num_prompt_tokens:
                             self.scheduler.on_prefill_done(original.request_id)
@@ -110,6 +158,10 @@ class RequestPath:
                 return
             except EngineRequestRejected:
                 raise  # the request is at fault, not the replica
+            except _ConcurrentPrefillFailed as e:
+                failed_prefills.add(e.prefill_replica)
+                concurrent_with = None  # the decode replica prefills itself, or another prefill replica does
+                continue
             except Exception as e:
                 if trace.migrations >= self.max_migrations or len(generated) >= original.sampling.max_tokens:
                     raise
@@ -120,6 +172,7 @@ class RequestPath:
                 log.warning("decode of %s failed after %d tokens (%s: %s); migrating (attempt %d)",
                             original.request_id, len(generated), type(e).__name__, e, trace.migrations)
                 request = self._migrate(original, generated, failed, trace.migrations)
+                concurrent_with = None
 
     def _continued_text(self, generated: list[int], sent_text: str, finished: bool) -> str:
         """What the uninterrupted stream would add now: the text of every token
@@ -138,13 +191,69 @@ class RequestPath:
         self.scheduler.on_request_finished(continued.request_id)  # accounted under the original id
         return continued.for_decode(route.decode_replica, None)
 
-    async def _remote_prefill(self, request: EngineRequest, route: RouteDecision, trace: RequestTrace) -> KVTransfer | None:
+    # -- concurrent KV handoff (KVHandoff.CONCURRENT) -------------------------
+
+    def _prefill_view(self, replica_id: str | None, views: Sequence[ReplicaView]) -> ReplicaView | None:
+        return next((v for v in views if v.replica_id == replica_id), None)
+
+    def _prefills_locally(self, decode_replica: str | None) -> bool:
+        view = next((v for v in self.decode_pool.replicas() if v.replica_id == decode_replica), None)
+        return view is None or view.info is None or view.info.prefills_locally
+
+    def _fallback_prefill_view(self, exclude: set[str]) -> ReplicaView:
+        """A CONCURRENT prefill replica for a decode engine that cannot prefill
+        locally, drawn from those not yet failed for this request."""
+        views = self.prefill_pool.replicas() if self.prefill_pool is not None else []
+        candidates = [v for v in views if _is_concurrent(v) and v.replica_id not in exclude]
+        if not candidates:
+            raise EngineError("the decode replica cannot prefill locally and no prefill replica is left to do it")
+        return self.rng.choice(candidates)
+
+    async def _concurrent_handoff(self, request: EngineRequest, prefill: ReplicaView,
+                                  trace: RequestTrace) -> AsyncIterator[EngineChunk]:
+        """Prefill on `prefill` and decode `request` at once, through a fresh
+        rendezvous. Raises `_ConcurrentPrefillFailed` (decode aborted) when the
+        prefill fails or times out before the decode stream yields a chunk; a
+        prefill failing after that is moot (the decode already has the KV)."""
+        assert prefill.info is not None
+        kv = rendezvous_transfer(prefill.info, len(request.prompt_token_ids),
+                                 self.rng.getrandbits(BOOTSTRAP_ROOM_BITS))
+        prefill_call = asyncio.ensure_future(
+            self._remote_prefill(replace(request.for_prefill(prefill.replica_id), kv_transfer=kv), trace))
+        try:
+            async with contextlib.aclosing(self.decode_pool.generate(replace(request, kv_transfer=kv))) as chunks:
+                first = asyncio.ensure_future(anext(chunks))
+                try:
+                    await asyncio.wait({prefill_call, first}, return_when=asyncio.FIRST_COMPLETED)
+                    if not first.done() and prefill_call.result() is None:
+                        raise _ConcurrentPrefillFailed(prefill.replica_id)
+                    chunk = await first
+                except StopAsyncIteration:
+                    return
+                except BaseException:
+                    if not first.done():
+                        first.cancel()  # aborts the decode request on its replica
+                        with contextlib.suppress(asyncio.CancelledError, StopAsyncIteration):
+                            await first
+                    raise
+                yield chunk
+                async for chunk in chunks:
+                    yield chunk
+            await prefill_call  # done by now in practice: the decode had the KV
+        finally:
+            if not prefill_call.done():
+                prefill_call.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await prefill_call
+
+    # -- sequential KV handoff (KVHandoff.AFTER_PREFILL) ------------------------
+
+    async def _remote_prefill(self, request: EngineRequest, trace: RequestTrace) -> KVTransfer | None:
+        """Run a prefill request; None (and a counted fallback) when it fails or times out."""
         assert self.prefill_pool is not None
         start = self.clock()
         try:
-            result = await asyncio.wait_for(
-                self.prefill_pool.prefill(request.for_prefill(route.prefill_replica)), self.prefill_timeout_s
-            )
+            result = await asyncio.wait_for(self.prefill_pool.prefill(request), self.prefill_timeout_s)
         except EngineRequestRejected:
             raise  # the request itself is invalid; a local prefill would refuse it too
         except asyncio.TimeoutError:

@@ -11,13 +11,36 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
-from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
+from orchestrator.requests import EngineChunk, EngineRequest, KVTransfer, PrefillResult
 
 
 class EngineRole(str, enum.Enum):
     PREFILL = "prefill"  # computes prompts and hands their KV to a decode replica
     DECODE = "decode"  # pulls transferred KV and decodes; can also prefill locally
     AGGREGATED = "aggregated"  # no KV transfer
+
+
+class KVHandoff(str, enum.Enum):
+    """How a prompt's KV gets from a prefill replica to a decode replica.
+
+    AFTER_PREFILL: the prefill call returns a `KVTransfer` (vLLM: block ids and
+    the NIXL side channel); the decode request starts afterwards, carrying it.
+    CONCURRENT: prefill and decode requests start together, carrying the same
+    `KVTransfer` built by the frontend before either runs: a rendezvous (the
+    prefill replica's bootstrap address and a room number, `rendezvous_transfer`)
+    where the decode engine pre-allocates and the prefill engine sends its KV
+    (SGLang)."""
+
+    AFTER_PREFILL = "after_prefill"
+    CONCURRENT = "concurrent"
+
+
+# Keys of a rendezvous KVTransfer's engine_params (SGLang's own request field names).
+BOOTSTRAP_HOST = "bootstrap_host"
+BOOTSTRAP_PORT = "bootstrap_port"
+BOOTSTRAP_ROOM = "bootstrap_room"
+# Rooms are drawn uniformly from [0, 2**63), as SGLang's own load balancer does.
+BOOTSTRAP_ROOM_BITS = 63
 
 
 class EngineError(RuntimeError):
@@ -47,10 +70,16 @@ class EngineInfo:
     kv_capacity_blocks: int | None = None
     kv_bytes_per_token: int | None = None  # KV cache bytes one token takes (all layers); None: not reported
     pid: int | None = None  # the replica process that owns the engine
+    kv_handoff: KVHandoff = KVHandoff.AFTER_PREFILL
+    bootstrap_port: int | None = None  # a CONCURRENT prefill engine's rendezvous port, on `host`
+    # False: a decode engine that computes no prompt itself (SGLang's decode
+    # mode); every request it serves needs a remote prefill.
+    prefills_locally: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["role"] = self.role.value
+        d["kv_handoff"] = self.kv_handoff.value
         return d
 
     @classmethod
@@ -58,7 +87,24 @@ class EngineInfo:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in d.items() if k in known}
         values["role"] = EngineRole(values["role"])
+        if "kv_handoff" in values:
+            values["kv_handoff"] = KVHandoff(values["kv_handoff"])
         return cls(**values)
+
+
+def rendezvous_transfer(prefill: EngineInfo, num_tokens: int, room: int) -> KVTransfer:
+    """The KVTransfer both halves of a CONCURRENT handoff carry: the prefill
+    replica's bootstrap address and a room unique to this request. Raises
+    ValueError when the prefill engine published no bootstrap port."""
+    if prefill.kv_handoff is not KVHandoff.CONCURRENT or prefill.bootstrap_port is None:
+        raise ValueError(f"engine {prefill.engine_id} publishes no KV rendezvous")
+    blocks = -(-num_tokens // prefill.block_size)
+    return KVTransfer(
+        source_engine_id=prefill.engine_id,
+        num_blocks=blocks,
+        num_tokens=num_tokens,
+        engine_params={BOOTSTRAP_HOST: prefill.host, BOOTSTRAP_PORT: prefill.bootstrap_port, BOOTSTRAP_ROOM: room},
+    )
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ def test_only_engine_adapters_import_engine_libraries():
         for p in (ROOT / "orchestrator").rglob("*.py")
         if _all_imports(p) & ENGINE_LIBS
     }
-    assert users <= {"orchestrator/engines/vllm_engine.py"}
+    assert users <= {"orchestrator/engines/vllm_engine.py", "orchestrator/engines/sglang_engine.py"}
 
 
 def test_ray_is_imported_only_by_deployments():

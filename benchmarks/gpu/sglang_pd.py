@@ -1,0 +1,218 @@
+"""SGLang engines behind our frontend, disaggregated, on a GPU machine.
+
+VERIFIED ONLY ON A GPU MACHINE: SGLang needs CUDA, so this script cannot run
+on the CPU machines that run the rest of the suite, and until someone runs
+it on GPUs the SGLang engine kind is tested only against payloads recorded
+from SGLang's source (tests/unit/test_sglang_adapter.py).
+
+What it does: serves configs/disagg-sglang.yaml with `serve run` (by
+default its 1 prefill + 1 decode variant, 2 GPUs; `--full` for the shipped
+4 + 4), then
+
+  1. sends greedy completion and chat requests, whole and streamed, and
+     checks each answer (200, non-empty text, usage adding up, the streamed
+     text equal to the whole one for the same greedy prompt);
+  2. checks that KV went from the prefill pool to the decode pool: the
+     frontend counted handoffs and no prefill fallback, the decode replicas
+     report prompt tokens received by transfer and transfers done, the
+     prefill replicas report prompt tokens computed;
+  3. sends a long shared prefix twice and reports the prefill replica's
+     prefix-cache hit on the second request.
+
+Writes benchmarks/results/gpu/sglang_pd.json (every check with its
+evidence); exits 1 when a check fails.
+
+    pip install '.[gpu]' 'sglang[all]' nixl        # SGLang is not in '.[gpu]'
+    python benchmarks/gpu/sglang_pd.py [--model meta-llama/Llama-3.1-8B-Instruct] [--full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "disagg-sglang.yaml"
+OUT = ROOT / "benchmarks" / "results" / "gpu" / "sglang_pd.json"
+BIN = Path(sys.executable).parent
+PROMPT = "The capital of France is"
+CHAT = [{"role": "user", "content": "Name three primary colours, comma separated."}]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_config(model: str | None, full: bool, port: int) -> dict[str, Any]:
+    doc = yaml.safe_load(CONFIG.read_text())
+    doc["http_options"] = {"host": "127.0.0.1", "port": port}
+    doc["proxy_location"] = "HeadOnly"
+    args = doc["applications"][0]["args"]
+    if model is not None:
+        args["model"]["name"] = args["model"]["source"] = model
+    if not full:
+        args["prefill_pool"]["replicas"] = args["decode_pool"]["replicas"] = args["frontend"]["replicas"] = 1
+    return doc
+
+
+@contextlib.contextmanager
+def serving(doc: dict[str, Any], log: Path, timeout_s: float) -> Iterator[str]:
+    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+        yaml.safe_dump(doc, f)
+    proc = subprocess.Popen([str(BIN / "serve"), "run", f.name], cwd=ROOT, stdout=log.open("w"),
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{doc['http_options']['port']}"
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"serve run exited with {proc.returncode}; see {log}")
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"not ready after {timeout_s} s; see {log}")
+            time.sleep(5)
+        yield url
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGINT)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, check=False)
+
+
+def sse_text(response: httpx.Response, chat: bool) -> tuple[str, dict | None]:
+    text, usage = "", None
+    for line in response.iter_lines():
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        event = json.loads(line[6:])
+        usage = event.get("usage") or usage
+        for choice in event.get("choices", []):
+            text += (choice.get("delta", {}).get("content") or "") if chat else choice.get("text", "")
+    return text, usage
+
+
+def check(results: list[dict], name: str, ok: bool, **evidence: Any) -> None:
+    results.append({"check": name, "ok": bool(ok), **evidence})
+    print(f"{'ok  ' if ok else 'FAIL'} {name} {json.dumps(evidence)[:300]}", flush=True)
+
+
+def requests_and_outputs(url: str, model: str, results: list[dict]) -> None:
+    with httpx.Client(base_url=url, timeout=300) as client:
+        body = {"model": model, "prompt": PROMPT, "max_tokens": 32, "temperature": 0}
+        whole = client.post("/v1/completions", json=body)
+        answer = whole.json() if whole.status_code == 200 else {}
+        text = answer.get("choices", [{}])[0].get("text", "")
+        usage = answer.get("usage", {})
+        check(results, "completion", whole.status_code == 200 and text.strip() != ""
+              and 0 < usage.get("completion_tokens", 0) <= 32, status=whole.status_code, text=text, usage=usage)
+
+        with client.stream("POST", "/v1/completions", json={**body, "stream": True,
+                                                              "stream_options": {"include_usage": True}}) as r:
+            streamed, s_usage = sse_text(r, chat=False)
+        check(results, "completion streamed equals whole (greedy)", streamed == text, streamed=streamed)
+
+        chat = client.post("/v1/chat/completions", json={"model": model, "messages": CHAT, "max_tokens": 32,
+                                                          "temperature": 0})
+        content = chat.json()["choices"][0]["message"]["content"] if chat.status_code == 200 else ""
+        check(results, "chat", chat.status_code == 200 and content.strip() != "", status=chat.status_code,
+              content=content)
+        with client.stream("POST", "/v1/chat/completions", json={"model": model, "messages": CHAT, "max_tokens": 32,
+                                                                  "temperature": 0, "stream": True}) as r:
+            streamed_chat, _ = sse_text(r, chat=True)
+        check(results, "chat streamed equals whole (greedy)", streamed_chat == content, streamed=streamed_chat)
+
+        prefix = " ".join(f"fact {i}: the sky is blue." for i in range(150))
+        cached = []
+        for question in ("What colour is the sky?", "Is the sky blue?"):
+            r = client.post("/v1/completions", json={"model": model, "prompt": f"{prefix}\n{question}",
+                                                     "max_tokens": 8, "temperature": 0})
+            cached.append(r.json().get("usage", {}).get("prompt_tokens_details", {}).get("cached_tokens", 0)
+                          if r.status_code == 200 else None)
+        check(results, "shared prefix reused on the prefill replica", cached[1] is not None and cached[1] > 0,
+              cached_tokens=cached)
+
+
+def metric(text: str, name: str) -> float:
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name) and not line.startswith(name + "_created"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def kv_transferred(url: str, results: list[dict]) -> None:
+    time.sleep(3)  # replicas report their stats every second
+    pools = httpx.get(f"{url}/pools", timeout=30).json()["pools"]
+    decode = [r["stats"] or {} for r in pools["decode_pool"]]
+    prefill = [r["stats"] or {} for r in pools["prefill_pool"]]
+    infos = [r["info"] or {} for r in pools["prefill_pool"] + pools["decode_pool"]]
+    check(results, "engines are SGLang with a concurrent handoff",
+          all(i.get("engine_kind") == "sglang" and i.get("kv_handoff") == "concurrent" for i in infos),
+          versions=sorted({i.get("engine_version") for i in infos}))
+    transferred = sum(s.get("prompt_tokens_transferred_total", 0) for s in decode)
+    transfers = sum(s.get("kv_transfers_total", 0) for s in decode)
+    failures = sum(s.get("kv_transfer_failures_total", 0) for s in decode)
+    computed_on_decode = sum(s.get("prompt_tokens_computed_total", 0) for s in decode)
+    computed_on_prefill = sum(s.get("prompt_tokens_computed_total", 0) for s in prefill)
+    check(results, "decode replicas received prompts by KV transfer",
+          transferred > 0 and transfers > 0 and failures == 0 and computed_on_decode == 0,
+          prompt_tokens_transferred=transferred, kv_transfers=transfers, failures=failures,
+          prompt_tokens_computed_on_decode=computed_on_decode)
+    check(results, "prefill replicas computed the prompts", computed_on_prefill > 0,
+          prompt_tokens_computed_on_prefill=computed_on_prefill)
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    handoffs = metric(text, "orchestrator_kv_handoffs_total")
+    fallbacks = metric(text, "orchestrator_prefill_fallbacks_total")
+    check(results, "frontend counted handoffs and no prefill fallback", handoffs > 0 and fallbacks == 0,
+          kv_handoffs=handoffs, prefill_fallbacks=fallbacks)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="HF id or local path; default: the config's")
+    parser.add_argument("--full", action="store_true", help="the shipped 4 prefill + 4 decode replicas (8 GPUs)")
+    parser.add_argument("--ready-timeout-s", type=float, default=1800)
+    args = parser.parse_args()
+    doc = serve_config(args.model, args.full, free_port())
+    model = doc["applications"][0]["args"]["model"]["name"]
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    log = OUT.with_suffix(".log")
+    results: list[dict] = []
+    started = time.time()
+    try:
+        with serving(doc, log, args.ready_timeout_s) as url:
+            requests_and_outputs(url, model, results)
+            kv_transferred(url, results)
+    except Exception as e:  # the run itself failed: record why
+        check(results, "serve and run", False, error=f"{type(e).__name__}: {e}")
+    report = {"config": str(CONFIG.relative_to(ROOT)), "full": args.full, "model": model,
+              "started": started, "seconds": round(time.time() - started, 1),
+              "ok": all(r["ok"] for r in results), "checks": results, "log": str(log.relative_to(ROOT))}
+    OUT.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {OUT.relative_to(ROOT)}: {'all checks passed' if report['ok'] else 'FAILED'}")
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
