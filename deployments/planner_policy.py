@@ -22,7 +22,7 @@ import math
 import time
 from typing import Any
 
-from orchestrator.config import AppConfig, PlannerMode
+from orchestrator.config import AppConfig, Device, PlannerMode
 from orchestrator.planner.observer import MISSING
 from orchestrator.planner.planner import Observation, ScalingDecision, SlaPlanner
 
@@ -41,6 +41,10 @@ def make_planner(app: AppConfig) -> SlaPlanner:
     if app.planner.profile is not None:
         perf = ProfileModel.load(app.planner.profile)
         kv_tokens = perf.meta.get("kv_capacity_tokens") or None
+        if getattr(engine, "device", None) is Device.CPU and perf.kv_bytes_per_token:
+            # On CPU the pool's KV budget is a byte count of its own config, not
+            # whatever the profiled engine had.
+            kv_tokens = int(engine.cpu.kv_cache_gib * 2**30) // perf.kv_bytes_per_token
     elif engine.kind == "sim":
         perf = perf_model(engine)
         kv_tokens = kv_capacity_blocks(engine, perf, app.kv_cache.block_size) * app.kv_cache.block_size
