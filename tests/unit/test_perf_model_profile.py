@@ -1,0 +1,59 @@
+"""ProfileModel: a step's fixed cost paid once, decode fit, server overhead (orchestrator/sim/perf_model.py)."""
+
+import json
+
+import pytest
+
+from orchestrator.sim.perf_model import Batch, ProfileModel
+
+PREFILL = [(100, 0.012), (1000, 0.102)]  # 2 ms fixed + 0.1 ms a token
+DECODE = {b: [(100, 0.002 + 0.0001 * b + 1e-7 * b * 100), (1000, 0.002 + 0.0001 * b + 1e-7 * b * 1000)]
+          for b in (1, 4, 16)}
+
+
+def test_a_hand_built_profile_keeps_the_old_model():
+    m = ProfileModel(PREFILL, DECODE)
+    assert m.step_fixed_s == 0.0
+    # two prompts: the sum of their batch-1 times
+    assert m.step_time(Batch(prefill=((100, 0), (100, 0)))) == pytest.approx(0.024)
+    assert m.step_time(Batch()) == 0.0
+
+
+def test_prompts_in_one_step_share_its_fixed_cost():
+    m = ProfileModel(PREFILL, DECODE, step_fixed_s=0.002)
+    assert m.step_time(Batch(prefill=((100, 0),))) == pytest.approx(0.012)
+    assert m.step_time(Batch(prefill=((100, 0),) * 4)) == pytest.approx(0.002 + 4 * 0.010)
+
+
+def test_decoding_sequences_riding_a_prefill_add_their_step_less_the_fixed_cost():
+    m = ProfileModel(PREFILL, DECODE, step_fixed_s=0.002)
+    decode = m.decode_time(4, 100)
+    assert m.step_time(Batch(prefill=((100, 0),), decode_contexts=(100,) * 4)) == pytest.approx(0.012 + decode - 0.002)
+    assert m.step_time(Batch(decode_contexts=(100,) * 4)) == pytest.approx(decode)
+
+
+def test_decode_fit_recovers_a_linear_engine():
+    m = ProfileModel(PREFILL, DECODE, decode_fit=True)
+    assert m.decode_time(8, 500) == pytest.approx(0.002 + 0.0001 * 8 + 1e-7 * 8 * 500, rel=1e-6)
+
+
+def test_load_takes_the_fixed_cost_from_prefill_batches_and_the_server_overhead(tmp_path):
+    # 4 prompts of 100 tokens together: 2 ms fixed once + 4 x 10 ms.
+    doc = {"prefill": [{"tokens": t, "seconds": s} for t, s in PREFILL],
+           "prefill_batch": [{"batch": 4, "tokens": 100, "seconds": 0.042}],
+           "decode": [{"batch": b, "context": c, "step_seconds": s} for b, pts in DECODE.items() for c, s in pts],
+           "server": {"request_overhead_s": 0.007}}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    m = ProfileModel.load(path)
+    assert m.step_fixed_s == pytest.approx(0.002)
+    assert m.request_overhead_s == pytest.approx(0.007)
+    assert m.decode_fit
+
+
+def test_without_prefill_batches_the_fixed_cost_is_the_decode_step_of_nothing(tmp_path):
+    doc = {"prefill": [{"tokens": t, "seconds": s} for t, s in PREFILL],
+           "decode": [{"batch": b, "context": c, "step_seconds": s} for b, pts in DECODE.items() for c, s in pts]}
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    assert ProfileModel.load(path).step_fixed_s == pytest.approx(0.0021)
