@@ -28,6 +28,9 @@ for shape in "3000 150 long" "200 150 short"; do
       --out $R/llama70b_${3}_$6.json
   done
 done
-# Autoscaling: the Azure trace (8x its rate, 30 minutes) and sinusoidal phases (prefill- then decode-heavy).
-orchestrator experiment autoscale --workload azure --minutes 30 --rate-scale 8 --out $R/autoscale_azure.json
-orchestrator experiment autoscale --workload phases --minutes 30 --rate 20 --out $R/autoscale_phases.json
+# Autoscaling: the Azure trace (8x its rate, 30 minutes) and sinusoidal phases (prefill- then decode-heavy);
+# every policy decides each 10 s (replica start-up 30 s); --jobs runs the policies in parallel processes.
+orchestrator experiment autoscale --workload azure --minutes 30 --rate-scale 8 --interval-s 10 --jobs 4 \
+  --out $R/autoscale_azure.json
+orchestrator experiment autoscale --workload phases --minutes 30 --rate 20 --interval-s 10 --jobs 4 \
+  --out $R/autoscale_phases.json

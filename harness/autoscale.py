@@ -1,21 +1,26 @@
 """`orchestrator experiment autoscale`: time-varying load against the cluster
 simulator (virtual time), one run per autoscaling policy, same requests:
 
-  planner       our SLA planner (orchestrator/planner) with its predictor
-  oracle        the same planner told the coming load (rate, ISL, OSL) ahead
-                of the replicas' start-up time
+  planner       our SLA planner (orchestrator/planner) with its predictor,
+                looking the replicas' start-up time ahead
+  oracle        the same planner (same sizing, corrections, hysteresis) told
+                the coming load instead of predicting it: rate, ISL, OSL and
+                peak prompt tokens/s of the busier of the next interval and
+                the one after the replicas' start-up time
   ray-default   Ray Serve's default autoscaler per pool: replicas =
                 ceil(ongoing requests / target_ongoing_requests=2), 30 s
                 up-scale delay, 600 s down-scale delay
   ray-tuned     the same with per-pool targets from the profile (decode: the
                 batch that holds the ITL target; prefill: 1)
-  static-P+D    fixed pools; every split of the planner's mean GPU count is
-                tried and the best one reported
+  static-P+D    fixed pools; every split of the GPU counts just under and
+                over the planner's mean is tried and the best by attainment
+                per GPU-hour reported (all in results.static.tried)
 
 Per request: SLO met = TTFT <= target and its median ITL <= target. Per run:
 attainment, GPU-hours (every replica from being asked for to being gone),
 attainment per GPU-hour, and per interval the offered load, replicas per
-pool and attainment. Writes JSON and PNG plots.
+pool and attainment (of the requests that arrived in it, the misses split
+into TTFT and ITL). Writes JSON and PNG plots.
 """
 
 from __future__ import annotations
@@ -54,9 +59,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval-s", type=float, default=30.0)
     p.add_argument("--startup-s", type=float, default=30.0, help="a new replica's model load time")
     p.add_argument("--max-replicas", type=int, default=16, help="per pool")
+    p.add_argument("--scale-down-s", type=float, default=90.0,
+                   help="planner: seconds of asking for fewer before a pool shrinks (rounded to intervals)")
+    p.add_argument("--lookahead-s", type=float, default=None,
+                   help="planner: predict this far past the next interval (default: --startup-s; 0: next only)")
+    p.add_argument("--peak-window-s", type=float, default=2.0,
+                   help="planner: window of the peak prompt tokens/s it sizes prefill for (0: mean load only)")
+    p.add_argument("--no-backlog", action="store_true", help="planner: ignore prompt tokens queued for prefill")
     p.add_argument("--predictor", choices=["constant", "moving_average", "kalman", "seasonal"], default="kalman")
     p.add_argument("--policies", default="planner,oracle,ray-default,ray-tuned,static")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     p.add_argument("--out", required=True)
 
 
@@ -97,6 +110,8 @@ class Window:
     """Outcomes seen so far, read one interval at a time."""
 
     sim: ClusterSim
+    peak_window_s: float = 0.0
+    backlog: bool = True
     seen: int = 0
     recent: list[RequestOutcome] = field(default_factory=list)  # arrived within the last few minutes
 
@@ -118,7 +133,34 @@ class Window:
             prefill_replicas=self.sim.count("prefill", ReplicaState.READY),
             decode_replicas=self.sim.count("decode", ReplicaState.READY),
             prefill_waiting=sum(r.core.num_waiting for r in self.sim.prefill),
-            decode_waiting=sum(r.core.num_waiting for r in self.sim.decode))
+            decode_waiting=sum(r.core.num_waiting for r in self.sim.decode),
+            prefill_queued_tokens=queued_prompt_tokens(self.sim) if self.backlog else 0.0,
+            peak_prompt_tps=peak_prompt_tps([(o.arrival_s, o.prompt_tokens) for o in arrived], t0, t1,
+                                            self.peak_window_s),
+            peak_window_s=self.peak_window_s or None)
+
+
+def queued_prompt_tokens(sim: ClusterSim) -> float:
+    """Prompt tokens the prefill engines have still to compute (queued, or
+    part-way through a chunked prefill)."""
+    total = 0
+    for replica in sim.prefill:
+        core = replica.core
+        total += sum(len(r.prompt) for r in core.waiting)
+        total += sum(len(r.prompt) - r.seq.computed_tokens for r in core.running if not r.generated and r.seq)
+    return float(total)
+
+
+def peak_prompt_tps(arrivals: Sequence[tuple[float, int]], t0: float, t1: float, window_s: float) -> float | None:
+    """Most prompt tokens/s over any of the `window_s` stretches [t0, t1) splits
+    into (None: no window)."""
+    if window_s <= 0 or t1 - t0 < window_s:
+        return None
+    bins = [0] * max(int((t1 - t0) / window_s), 1)
+    for t, tokens in arrivals:
+        if t0 <= t < t1:
+            bins[min(int((t - t0) / window_s), len(bins) - 1)] += tokens
+    return max(bins) / window_s
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -128,12 +170,15 @@ def _quantile(values: list[float], q: float) -> float | None:
     return values[min(int(q * len(values)), len(values) - 1)]
 
 
-def forecast(requests: Sequence[RequestSpec], t0: float, t1: float) -> Observation:
+def forecast(requests: Sequence[RequestSpec], t0: float, t1: float, peak_window_s: float = 0.0) -> Observation:
     window = [r for r in requests if t0 <= r.arrival_s < t1]
     n = len(window)
     return Observation(interval_s=t1 - t0, requests=n,
                        mean_isl=statistics.fmean(len(r.prompt_token_ids) for r in window) if n else 0.0,
-                       mean_osl=statistics.fmean(r.max_tokens for r in window) if n else 0.0)
+                       mean_osl=statistics.fmean(r.max_tokens for r in window) if n else 0.0,
+                       peak_prompt_tps=peak_prompt_tps([(r.arrival_s, len(r.prompt_token_ids)) for r in window],
+                                                       t0, t1, peak_window_s),
+                       peak_window_s=peak_window_s or None)
 
 
 # -- policies ---------------------------------------------------------------------------------------------------------
@@ -143,16 +188,17 @@ Controller = Callable[[ClusterSim], None]
 
 
 def planner_controller(planner: SlaPlanner, interval_s: float, startup_s: float, log: list[dict],
-                       requests: Sequence[RequestSpec] | None = None) -> Callable[[ClusterSim], Controller]:
+                       requests: Sequence[RequestSpec] | None = None, peak_window_s: float = 0.0,
+                       backlog: bool = True) -> Callable[[ClusterSim], Controller]:
     def make(sim: ClusterSim) -> Controller:
-        window = Window(sim)
+        window = Window(sim, peak_window_s, backlog)
 
         def control(sim: ClusterSim) -> None:
             obs = window.observe(sim.now - interval_s, sim.now)
             ahead = None
             if requests is not None:  # the oracle: the busier of the next interval and the one after start-up
-                ahead = max((forecast(requests, sim.now + d, sim.now + d + interval_s) for d in (0.0, startup_s)),
-                            key=lambda o: o.requests)
+                ahead = [forecast(requests, sim.now + d, sim.now + d + interval_s, peak_window_s)
+                         for d in (0.0, startup_s)]
             decision = planner.step(obs, ahead)
             sim.resize("prefill", decision.prefill, startup_s)
             sim.resize("decode", decision.decode, startup_s)
@@ -161,7 +207,9 @@ def planner_controller(planner: SlaPlanner, interval_s: float, startup_s: float,
                         "predicted_rate": decision.predicted_rate, "prefill": sim.count("prefill"),
                         "decode": sim.count("decode"), "prefill_ready": obs.prefill_replicas,
                         "decode_ready": obs.decode_replicas, "prefill_correction": decision.prefill_correction,
-                        "decode_correction": decision.decode_correction})
+                        "decode_correction": decision.decode_correction, "peak_ratio": decision.peak_ratio,
+                        "prefill_queued_tokens": obs.prefill_queued_tokens,
+                        "proposed_prefill": decision.proposed_prefill, "proposed_decode": decision.proposed_decode})
         return control
     return make
 
@@ -204,7 +252,7 @@ def run_policy(spec: ClusterSpec, engine: SimEngineConfig, requests: Sequence[Re
     if controller is not None:
         sim.every(interval_s, controller(sim), horizon_s)
     outcomes = sim.run(requests)
-    return summarize_run(outcomes, sim.gpu_seconds, sla)
+    return summarize_run(outcomes, sim.gpu_seconds, sla, interval_s)
 
 
 def meets(o: RequestOutcome, sla: SlaConfig) -> bool:
@@ -214,7 +262,32 @@ def meets(o: RequestOutcome, sla: SlaConfig) -> bool:
     return o.ttft_s * 1000 <= sla.ttft_p99_ms and (not itl or statistics.median(itl) * 1000 <= sla.itl_p50_ms)
 
 
-def summarize_run(outcomes: Sequence[RequestOutcome], gpu_seconds: float, sla: SlaConfig) -> dict[str, Any]:
+def miss_cause(o: RequestOutcome, sla: SlaConfig) -> str | None:
+    """None when the request met both SLOs; else "ttft" (its first token came
+    late) or "itl" (on time, but its median gap between tokens over target)."""
+    if meets(o, sla):
+        return None
+    if o.ttft_s is None or o.ttft_s * 1000 > sla.ttft_p99_ms:
+        return "ttft"
+    return "itl"
+
+
+def per_interval(outcomes: Sequence[RequestOutcome], sla: SlaConfig, interval_s: float) -> list[dict[str, Any]]:
+    """Attainment of the requests that arrived in each interval, and why the rest missed."""
+    bins: dict[int, dict[str, Any]] = {}
+    for o in outcomes:
+        b = bins.setdefault(int(o.arrival_s // interval_s), {"requests": 0, "met": 0, "ttft": 0, "itl": 0})
+        b["requests"] += 1
+        cause = miss_cause(o, sla)
+        if cause is None:
+            b["met"] += 1
+        else:
+            b[cause] += 1
+    return [{"t": k * interval_s, **v, "attainment": v["met"] / v["requests"]} for k, v in sorted(bins.items())]
+
+
+def summarize_run(outcomes: Sequence[RequestOutcome], gpu_seconds: float, sla: SlaConfig,
+                  interval_s: float | None = None) -> dict[str, Any]:
     ok = [o for o in outcomes if o.finished]
     attained = sum(meets(o, sla) for o in outcomes) / len(outcomes) if outcomes else 0.0
     gpu_hours = gpu_seconds / 3600
@@ -223,7 +296,8 @@ def summarize_run(outcomes: Sequence[RequestOutcome], gpu_seconds: float, sla: S
     return {"requests": len(outcomes), "finished": len(ok), "attainment": attained, "gpu_hours": gpu_hours,
             "attainment_per_gpu_hour": attained / gpu_hours if gpu_hours else 0.0,
             "ttft_ms": {"p50": _ms(_quantile(ttft, 0.5)), "p99": _ms(_quantile(ttft, 0.99))},
-            "itl_ms": {"p50": _ms(_quantile(itl, 0.5)), "p99": _ms(_quantile(itl, 0.99))}}
+            "itl_ms": {"p50": _ms(_quantile(itl, 0.5)), "p99": _ms(_quantile(itl, 0.99))},
+            **({"per_interval": per_interval(outcomes, sla, interval_s)} if interval_s else {})}
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -243,27 +317,30 @@ def run_experiment(args: argparse.Namespace) -> int:
     def spec(prefill: int, decode: int) -> ClusterSpec:
         return ClusterSpec(prefill, decode, blocks, block_size, routing=RoutingConfig(), kv_event_delay_s=0.002)
 
+    lookahead = args.startup_s if args.lookahead_s is None else args.lookahead_s
+    scale_down = max(1, round(args.scale_down_s / args.interval_s))
+    peak_window = args.peak_window_s
+
     def planner(initial: tuple[int, int] = (1, 1)) -> SlaPlanner:
         config = PlannerConfig(mode="act", interval_s=args.interval_s, predictor=args.predictor, prefill=bounds,
-                               decode=bounds)
-        return SlaPlanner(config, sla, perf, blocks * block_size, initial=initial)
+                               decode=bounds, scale_down_intervals=scale_down)
+        return SlaPlanner(config, sla, perf, blocks * block_size, initial=initial, lookahead_s=lookahead)
 
     # Every autoscaled run starts from the pools the first minute of load needs
     # (as a deployment sized for its launch would), so that no policy is
     # judged on a cold start none could avoid.
     first = planner().step(Observation(interval_s=args.interval_s, requests=0),
-                           forecast(requests, 0.0, args.interval_s + args.startup_s))
+                           forecast(requests, 0.0, args.interval_s + args.startup_s, peak_window))
     initial = (first.prefill, first.decode)
 
-    results: dict[str, Any] = {}
-    series: dict[str, list[dict]] = {}
-    policies = args.policies.split(",")
-    for name in [p for p in policies if p != "static"]:
+    def run_named(name: str) -> tuple[dict[str, Any], list[dict]]:
         log: list[dict] = []
         if name == "planner":
-            controller = planner_controller(planner(initial), args.interval_s, args.startup_s, log)
+            controller = planner_controller(planner(initial), args.interval_s, args.startup_s, log,
+                                            peak_window_s=peak_window, backlog=not args.no_backlog)
         elif name == "oracle":
-            controller = planner_controller(planner(initial), args.interval_s, args.startup_s, log, requests)
+            controller = planner_controller(planner(initial), args.interval_s, args.startup_s, log, requests,
+                                            peak_window_s=peak_window, backlog=not args.no_backlog)
         elif name == "ray-default":
             controller = ray_controller({"prefill": 2, "decode": 2}, args.interval_s, args.startup_s,
                                         args.max_replicas, log)
@@ -274,26 +351,40 @@ def run_experiment(args: argparse.Namespace) -> int:
                                         args.max_replicas, log)
         else:
             raise SystemExit(f"unknown policy {name!r}")
-        results[name] = run_policy(spec(*initial), engine, requests, horizon, args.interval_s, controller, sla,
-                                   args.seed)
-        series[name] = log
-        print(f"{name}: {json.dumps(results[name])}", flush=True)
+        result = run_policy(spec(*initial), engine, requests, horizon, args.interval_s, controller, sla, args.seed)
+        print(f"{name}: {json.dumps({k: v for k, v in result.items() if k != 'per_interval'})}", flush=True)
+        return result, log
+
+    def run_static(split: tuple[int, int]) -> tuple[dict[str, Any], list[dict]]:
+        r = run_policy(spec(*split), engine, requests, horizon, args.interval_s, None, sla, args.seed)
+        r["split"] = f"{split[0]}P+{split[1]}D"
+        print(f"static {r['split']}: attainment {r['attainment']:.4f}, {r['gpu_hours']:.3f} GPU-h", flush=True)
+        return r, []
+
+    results: dict[str, Any] = {}
+    series: dict[str, list[dict]] = {}
+    policies = args.policies.split(",")
+    named = [p for p in policies if p != "static"]
+    for name, (result, log) in zip(named, _map(run_named, named, args.jobs)):
+        results[name], series[name] = result, log
     if "static" in policies:
+        # Fixed pools of about the planner's GPU-hours: every split of the GPU
+        # counts just under and over its mean, the best per GPU-hour kept.
         reference = results.get("planner") or next(iter(results.values()), None)
-        gpus = max(2, round(reference["gpu_hours"] * 3600 / horizon)) if reference else 4
-        best = None
-        for prefill in range(1, gpus):
-            r = run_policy(spec(prefill, gpus - prefill), engine, requests, horizon, args.interval_s, None, sla,
-                           args.seed)
-            r["split"] = f"{prefill}P+{gpus - prefill}D"
-            print(f"static {r['split']}: attainment {r['attainment']:.4f}", flush=True)
-            if best is None or r["attainment"] > best["attainment"]:
-                best = r
-        results["static"] = best
+        mean = reference["gpu_hours"] * 3600 / horizon if reference else 4.0
+        counts = sorted({max(2, math.floor(mean)), max(2, math.ceil(mean))})
+        splits = [(p, n - p) for n in counts for p in range(1, n)]
+        tried = [r for r, _ in _map(run_static, splits, args.jobs)]
+        best = max(tried, key=lambda r: (r["attainment_per_gpu_hour"], r["attainment"]))
+        results["static"] = {**best, "tried": {r["split"]: {k: r[k] for k in
+                                                           ("attainment", "gpu_hours", "attainment_per_gpu_hour")}
+                                              for r in tried}}
     doc = {"experiment": "autoscale", "version": 1, "workload": args.workload, "requests": len(requests),
            "initial_replicas": {"prefill": initial[0], "decode": initial[1]},
            "horizon_s": horizon, "sla": sla.model_dump(), "gpu": args.gpu, "model": args.sim_model,
            "interval_s": args.interval_s, "startup_s": args.startup_s, "predictor": args.predictor,
+           "planner": {"lookahead_s": lookahead, "scale_down_intervals": scale_down, "peak_window_s": peak_window,
+                       "backlog": not args.no_backlog},
            "results": results, "series": series,
            "load": [{"t": t, "rate": f.request_rate, "isl": f.mean_isl, "osl": f.mean_osl}
                     for t in range(0, int(horizon), int(args.interval_s))
@@ -307,14 +398,38 @@ def run_experiment(args: argparse.Namespace) -> int:
     return 0
 
 
+_TASK: Callable[[Any], Any] | None = None
+
+
+def _call(item: Any) -> Any:
+    assert _TASK is not None
+    return _TASK(item)
+
+
+def _map(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int) -> list[Any]:
+    """fn over items, in `jobs` forked processes (the simulator is pure
+    Python: one core a run), in order."""
+    global _TASK
+    if jobs <= 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    import multiprocessing
+
+    _TASK = fn
+    try:
+        with multiprocessing.get_context("fork").Pool(min(jobs, len(items))) as pool:
+            return pool.map(_call, items, chunksize=1)
+    finally:
+        _TASK = None
+
+
 def plot_experiment(doc: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(3, 1, figsize=(12, 11), sharex=False)
-    ax_load, ax_rep, ax_bar = axes
+    fig, axes = plt.subplots(4, 1, figsize=(12, 14), sharex=False)
+    ax_load, ax_rep, ax_att, ax_bar = axes
     load = doc["load"]
     ax_load.plot([p["t"] for p in load], [p["rate"] for p in load], color="black", label="offered req/s")
     ax_mix = ax_load.twinx()
@@ -332,6 +447,12 @@ def plot_experiment(doc: dict[str, Any], path: Path) -> None:
     ax_rep.set_ylabel("replicas (GPUs)")
     ax_rep.set_xlabel("seconds")
     ax_rep.legend(fontsize=7, ncol=2)
+    for name, r in doc["results"].items():
+        rows = r.get("per_interval") or []
+        ax_att.plot([p["t"] for p in rows], [p["attainment"] * 100 for p in rows], marker=".", label=name)
+    ax_att.set_ylabel("within both SLOs, % (by arrival)")
+    ax_att.set_xlabel("seconds")
+    ax_att.legend(fontsize=7)
     names = list(doc["results"])
     ax_bar.bar(names, [doc["results"][n]["attainment"] * 100 for n in names], color="tab:blue", label="attainment %")
     ax_gpu = ax_bar.twinx()
@@ -339,7 +460,7 @@ def plot_experiment(doc: dict[str, Any], path: Path) -> None:
     ax_bar.set_ylabel("requests within both SLOs, %")
     ax_gpu.set_ylabel("GPU-hours")
     ax_bar.set_title("attainment and cost")
-    for ax in (ax_load, ax_rep, ax_bar):
+    for ax in (ax_load, ax_rep, ax_att, ax_bar):
         ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -1,14 +1,29 @@
 """The SLA planner: one decision per interval, for both pools together.
 
     observe    an Observation of the interval that ended (from the frontend)
-    predict    next interval's request rate, ISL, OSL, prefix hit rate; never
-               a rate below the one just observed (too few replicas break
-               the SLO at once, too many only cost until the next interval)
-    propose    prefill = predicted uncached prompt tokens/s / per-replica prefill capacity
+    predict    the request rate, ISL, OSL and prefix hit rate of the next
+               interval and of the interval that starts once a replica asked
+               for now is serving (`lookahead_s`, the replica start-up time),
+               the larger of the two; never a rate below the one just
+               observed (too few replicas break the SLO at once, too many
+               only cost until the next interval)
+    propose    prefill = the largest of
+                 predicted uncached prompt tokens/s / per-replica prefill capacity
+                   (M/D/1: utilisation capped so the mean TTFT stays under
+                   the p99 target / queueing_factor)
+                 predicted peak prompt tokens/s (the rate x the recent
+                   peak-to-mean ratio over `peak_window_s`) / what a replica
+                   computes flat out, stretched by the backlog a peak may
+                   leave: a replica at rate c over a window w clears c x (1 + T/w)
+                   within the TTFT target T
+               plus the prompt tokens already queued, drained within one interval
                decode  = predicted output tokens/s / (per-replica decode capacity x
                          decode_utilization: a full batch makes new requests queue)
                (capacities from the profile at the predicted lengths; each
-               scaled by a correction learnt from observed vs target latency)
+               scaled by a correction learnt from observed vs target latency,
+               learnt only when the pool had the replicas the model asked for
+               the load observed: a miss while short of them is lag, not a
+               wrong model)
                aggregated (no prefill pool): one pool doing both
     constrain  min/max per pool; a GPU budget shared by the pools (the
                `budget_priority` pool is served first); up at once, down only
@@ -22,10 +37,11 @@ autoscaling policy, in the cluster simulator and in unit tests.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.config import PlannerConfig, PoolBounds, SlaConfig
-from orchestrator.planner.capacity import decode_capacity, prefill_capacity
+from orchestrator.planner.capacity import decode_capacity, prefill_capacity, prefill_service_s
 from orchestrator.planner.predictors import Predictor, make_predictor
 from orchestrator.sim.perf_model import PerfModel
 
@@ -46,6 +62,17 @@ class Observation:
     decode_replicas: int = 0
     prefill_waiting: int = 0  # requests queued in the pool's engines at the end of the interval
     decode_waiting: int = 0
+    prefill_queued_tokens: float = 0.0  # prompt tokens still to compute in the prefill engines at the end
+    peak_prompt_tps: float | None = None  # most prompt tokens/s that arrived over any `peak_window_s` stretch
+    peak_window_s: float | None = None
+
+    @property
+    def peak_ratio(self) -> float | None:
+        """Peak over mean prompt tokens/s in the interval (None: not measured)."""
+        mean = self.requests * self.mean_isl / self.interval_s if self.interval_s > 0 else 0.0
+        if self.peak_prompt_tps is None or mean <= 0:
+            return None
+        return max(self.peak_prompt_tps / mean, 1.0)
 
     @property
     def request_rate(self) -> float:
@@ -64,6 +91,7 @@ class ScalingDecision:
     prefill_correction: float
     decode_correction: float
     reason: str = ""
+    peak_ratio: float = 1.0  # the prompt tokens/s peak-to-mean ratio the prefill pool was sized for
 
 
 @dataclass
@@ -91,6 +119,14 @@ class SlaPlanner:
     disaggregated: bool = True
     gpus_per_replica: int = 1
     initial: tuple[int, int] = (1, 1)  # (prefill, decode) replicas at start
+    # Until PlannerConfig carries them: a new replica's start-up time (the
+    # prediction looks that far past the next interval too) and how many
+    # intervals of peak-to-mean ratios the burst headroom remembers.
+    lookahead_s: float = 0.0
+    peak_memory: int = 3
+    _peaks: list[float] = field(default_factory=list, init=False)
+    _peak_window_s: float | None = field(default=None, init=False)
+    _backlog_s: float = field(default=0.0, init=False)  # the prefill queue at the last interval's end, in seconds
     _predictors: dict[str, Predictor] = field(default_factory=dict, init=False)
     _corrections: dict[str, float] = field(default_factory=lambda: {"prefill": 1.0, "decode": 1.0}, init=False)
     _hysteresis: dict[str, _Hysteresis] = field(default_factory=dict, init=False)
@@ -106,17 +142,31 @@ class SlaPlanner:
 
     # -- the interval --------------------------------------------------------------
 
-    def step(self, obs: Observation, forecast: Observation | None = None) -> ScalingDecision:
-        """`forecast`: the next interval's load as it will be (an oracle, for
-        experiments); None: predicted from the history."""
+    def step(self, obs: Observation, forecast: Observation | Sequence[Observation] | None = None) -> ScalingDecision:
+        """`forecast`: the coming load as it will be (an oracle, for
+        experiments: the next interval and the one after start-up, taken
+        the way predictions are, the larger of each); None: predicted from
+        the history."""
         self._observe(obs)
         rate, isl, osl, hit = self._predict(obs)
+        peak = self.peak_ratio
         if forecast is not None:
-            rate, isl, osl = forecast.request_rate, forecast.mean_isl or isl, forecast.mean_osl or osl
-        prefill_need, decode_need = self._propose(rate, isl, osl, hit)
+            ahead = [forecast] if isinstance(forecast, Observation) else list(forecast)
+            rate = max(f.request_rate for f in ahead)
+            isl = max((f.mean_isl for f in ahead if f.requests), default=isl)
+            osl = max((f.mean_osl for f in ahead if f.requests), default=osl)
+            peak = max((f.peak_ratio for f in ahead if f.peak_ratio is not None), default=peak)
+        prefill_need, decode_need = self._propose(rate, isl, osl, hit, peak)
+        prefill_need += self._backlog(obs.prefill_queued_tokens, obs.interval_s, isl, hit)
         prefill, decode, reason = self._constrain(prefill_need, decode_need)
         return ScalingDecision(prefill, decode, prefill_need, decode_need, rate, isl, osl,
-                               self._corrections["prefill"], self._corrections["decode"], reason)
+                               self._corrections["prefill"], self._corrections["decode"], reason, peak)
+
+    @property
+    def peak_ratio(self) -> float:
+        """The burst headroom: the largest peak-to-mean ratio of the last
+        `peak_memory` intervals (1: none measured)."""
+        return max(self._peaks[-self.peak_memory:], default=1.0)
 
     def _observe(self, obs: Observation) -> None:
         p = self._predictors
@@ -125,34 +175,84 @@ class SlaPlanner:
             p["isl"].observe(obs.mean_isl)
             p["osl"].observe(obs.mean_osl)
             p["hit"].observe(obs.prefix_hit_rate)
+        # What the model says the load just seen needed, uncorrected: a pool
+        # short of it missed its target because it was late, which is no
+        # reason to distrust the model (the backlog term catches up instead).
+        peak = obs.peak_ratio
+        if obs.peak_window_s:
+            self._peak_window_s = obs.peak_window_s
+        prefill_need, decode_need = self._propose(obs.request_rate, obs.mean_isl, obs.mean_osl, obs.prefix_hit_rate,
+                                                  max(peak or 1.0, 1.0), corrected=False)
+        if obs.requests and peak is not None:
+            self._peaks = (self._peaks + [peak])[-self.peak_memory:]
+        ready = {"prefill": obs.prefill_replicas, "decode": obs.decode_replicas}
         ttft_target, itl_target = self.sla.ttft_p99_ms / 1000, self.sla.itl_p50_ms / 1000
+        # ... or inherited a queue it could not clear within the TTFT target
+        # (first tokens in this interval belong to requests that waited in it).
+        inherited = self._backlog_s > ttft_target
+        self._backlog_s = self._drain_s(obs.prefill_queued_tokens, obs.prefill_replicas, obs.mean_isl,
+                                        obs.prefix_hit_rate)
+        sized = {"prefill": ready["prefill"] >= math.ceil(prefill_need - 1e-9) and not inherited,
+                 "decode": ready["decode"] >= math.ceil(decode_need - 1e-9)}
         # A TTFT miss is the prefill pool's, unless decode engines are the ones
         # with a queue (out of sequence slots or KV: requests wait to start).
         ttft_pool = "prefill" if self.disaggregated and obs.prefill_waiting >= obs.decode_waiting else "decode"
-        self._corrections[ttft_pool] = _corrected(self._corrections[ttft_pool], obs.ttft_p99_s, ttft_target)
-        self._corrections["decode"] = _corrected(self._corrections["decode"], obs.itl_p50_s, itl_target)
+        self._corrections[ttft_pool] = _corrected(self._corrections[ttft_pool], obs.ttft_p99_s, ttft_target,
+                                                  raise_ok=sized[ttft_pool])
+        self._corrections["decode"] = _corrected(self._corrections["decode"], obs.itl_p50_s, itl_target,
+                                                 raise_ok=sized["decode"])
 
     def _predict(self, obs: Observation) -> tuple[float, float, float, float]:
+        """The busier of the next interval and the one that starts when a
+        replica asked for now is serving."""
         p = self._predictors
-        rate = max(p["rate"].predict() or 0.0, obs.request_rate)
-        isl = p["isl"].predict() or obs.mean_isl
-        osl = p["osl"].predict() or obs.mean_osl
+        later = 1 + (math.ceil(self.lookahead_s / obs.interval_s - 1e-9) if obs.interval_s > 0 else 0)
+        steps = (1, later) if later > 1 else (1,)
+        rate = max([p["rate"].predict(k) or 0.0 for k in steps] + [obs.request_rate])
+        isl = max(p["isl"].predict(k) or obs.mean_isl for k in steps)
+        osl = max(p["osl"].predict(k) or obs.mean_osl for k in steps)
         hit = min(max(p["hit"].predict() or 0.0, 0.0), 1.0)
         return rate, isl, osl, hit
 
-    def _propose(self, rate: float, isl: float, osl: float, hit: float) -> tuple[float, float]:
-        """Replicas each pool needs (fractional) for the predicted load."""
+    def _propose(self, rate: float, isl: float, osl: float, hit: float, peak_ratio: float = 1.0,
+                 corrected: bool = True) -> tuple[float, float]:
+        """Replicas each pool needs (fractional) for the load."""
         if rate <= 0:
             return 0.0, 0.0
         uncached = max(isl * (1.0 - hit), 1.0)
-        prefill_cap = prefill_capacity(self.perf, uncached, self.sla.ttft_p99_ms / 1000, self.config.queueing_factor)
+        ttft_target = self.sla.ttft_p99_ms / 1000
+        prefill_cap = prefill_capacity(self.perf, uncached, ttft_target, self.config.queueing_factor)
         decode_cap = decode_capacity(self.perf, isl + osl / 2, self.sla.itl_p50_ms / 1000, self.kv_capacity_tokens,
                                      self.max_num_seqs)
-        prefill = _need(rate * uncached, prefill_cap) * self._corrections["prefill"]
-        decode = _need(rate * osl, decode_cap * self.config.decode_utilization) * self._corrections["decode"]
+        prefill = _need(rate * uncached, prefill_cap)
+        if peak_ratio > 1.0 and self._peak_window_s:
+            flat_out = uncached / prefill_service_s(self.perf, uncached)
+            prefill = max(prefill, _need(rate * uncached * peak_ratio,
+                                         flat_out * (1 + ttft_target / self._peak_window_s)))
+        decode = _need(rate * osl, decode_cap * self.config.decode_utilization)
+        if corrected:
+            prefill *= self._corrections["prefill"]
+            decode *= self._corrections["decode"]
         if not self.disaggregated:  # one pool prefills and decodes
             return 0.0, prefill + decode
         return prefill, decode
+
+    def _drain_s(self, queued_tokens: float, replicas: int, isl: float, hit: float) -> float:
+        """Seconds `replicas` prefill replicas flat out take to clear the queue."""
+        if queued_tokens <= 0:
+            return 0.0
+        if replicas <= 0:
+            return math.inf
+        uncached = max(isl * (1.0 - hit), 1.0)
+        return queued_tokens / (replicas * uncached / prefill_service_s(self.perf, uncached))
+
+    def _backlog(self, queued_tokens: float, interval_s: float, isl: float, hit: float) -> float:
+        """Replicas that compute the prompt tokens already queued within one
+        interval, on top of the new load."""
+        if queued_tokens <= 0 or interval_s <= 0:
+            return 0.0
+        uncached = max(isl * (1.0 - hit), 1.0)
+        return queued_tokens / (interval_s * uncached / prefill_service_s(self.perf, uncached))
 
     def _constrain(self, prefill_need: float, decode_need: float) -> tuple[int, int, str]:
         cfg = self.config
@@ -185,15 +285,20 @@ def _bounded(need: float, bounds: PoolBounds) -> int:
     return min(max(wanted, bounds.min_replicas), bounds.max_replicas)
 
 
-def _corrected(correction: float, observed: float | None, target: float) -> float:
+def _corrected(correction: float, observed: float | None, target: float, raise_ok: bool = True) -> float:
     """Learn how far the model is from reality: a pool missing its target
-    gets more capacity next time (by up to sqrt 2 an interval), one well
-    under it drifts back towards the profile. Bounded to [0.5, 4]."""
+    with the replicas the model asked for gets more capacity next time (by
+    up to sqrt 2 an interval), one well under it drifts back towards the
+    profile (5% an interval, down to 1, never under it: latency far under
+    target says nothing about how much load a replica takes when its limit
+    is not latency but its batch slots, KV or the burst headroom).
+    Bounded to [1, 4]."""
     if observed is None:
         return correction
     ratio = observed / target
     if ratio > 1.0:
-        correction *= min(ratio, 2.0) ** 0.5
+        if raise_ok:
+            correction *= min(ratio, 2.0) ** 0.5
     elif ratio < 0.5:
-        correction *= 0.95
-    return min(max(correction, 0.5), 4.0)
+        correction = max(correction * 0.95, 1.0)
+    return min(max(correction, 1.0), 4.0)

@@ -1,6 +1,6 @@
 """Next-interval load predictors: each sees one value per interval
-(`observe`) and says what it expects next (`predict`). None until it has
-seen anything."""
+(`observe`) and says what it expects `steps` intervals ahead (`predict`;
+1: the next interval). None until it has seen anything."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 class Predictor(Protocol):
     def observe(self, value: float) -> None: ...
 
-    def predict(self) -> float | None: ...
+    def predict(self, steps: int = 1) -> float | None: ...
 
 
 class ConstantPredictor:
@@ -25,7 +25,7 @@ class ConstantPredictor:
     def observe(self, value: float) -> None:
         self._last = value
 
-    def predict(self) -> float | None:
+    def predict(self, steps: int = 1) -> float | None:
         return self._last
 
 
@@ -36,7 +36,7 @@ class MovingAveragePredictor:
     def observe(self, value: float) -> None:
         self._values.append(value)
 
-    def predict(self) -> float | None:
+    def predict(self, steps: int = 1) -> float | None:
         return float(np.mean(self._values)) if self._values else None
 
 
@@ -66,16 +66,18 @@ class KalmanTrendPredictor:
         self._x = x + K * y
         self._P = (np.eye(2) - np.outer(K, self._H[0])) @ P
 
-    def predict(self) -> float | None:
+    def predict(self, steps: int = 1) -> float | None:
+        """The level `steps` intervals on along the filtered trend."""
         if self._x is None:
             return None
-        return max(float((self._F @ self._x)[0]), 0.0)
+        level, slope = self._x
+        return max(float(level + steps * slope), 0.0)
 
 
 class SeasonalPredictor:
-    """The value one period ago, scaled by how the recent level compares with
-    the level then (seasonal naive with drift); falls back to a moving
-    average until it has two periods of history."""
+    """The value one period before the predicted interval, scaled by how the
+    recent level compares with the level then (seasonal naive with drift);
+    falls back to a moving average until it has two periods of history."""
 
     def __init__(self, period: int, window: int = 3) -> None:
         self.period = period
@@ -87,7 +89,7 @@ class SeasonalPredictor:
         self._history.append(value)
         self._fallback.observe(value)
 
-    def predict(self) -> float | None:
+    def predict(self, steps: int = 1) -> float | None:
         h = list(self._history)
         if len(h) < 2 * self.period:
             return self._fallback.predict()
@@ -95,7 +97,8 @@ class SeasonalPredictor:
         recent = np.mean(h[n - self.window:])
         then = np.mean(h[n - self.period - self.window:n - self.period])
         ratio = recent / then if then > 0 else 1.0
-        return max(float(h[n - self.period] * ratio), 0.0)
+        back = n - self.period + (steps - 1) % self.period
+        return max(float(h[back] * ratio), 0.0)
 
 
 def make_predictor(kind: str, **kwargs) -> Predictor:

@@ -57,7 +57,9 @@ def test_a_ttft_miss_with_queued_decode_engines_is_the_decode_pools():
     p = planner()
     load = dict(interval_s=10, requests=200, mean_isl=1000, mean_osl=200)
     p.step(Observation(**load))
-    d = p.step(Observation(**load, ttft_p99_s=1.2, prefill_waiting=0, decode_waiting=30))
+    # The pools had the replicas the model sizes this load for (3 + 6): the miss is the model's.
+    d = p.step(Observation(**load, ttft_p99_s=1.2, prefill_waiting=0, decode_waiting=30, prefill_replicas=3,
+                           decode_replicas=6))
     assert d.prefill_correction == 1.0 and d.decode_correction == pytest.approx(math.sqrt(2))
 
 
@@ -88,7 +90,7 @@ def test_a_missed_target_raises_the_correction_and_the_count():
     p = planner()
     load = dict(interval_s=10, requests=200, mean_isl=1000, mean_osl=200)
     assert p.step(Observation(**load)).decode == 6
-    d = p.step(Observation(**load, itl_p50_s=0.060))  # twice the ITL target
+    d = p.step(Observation(**load, itl_p50_s=0.060, decode_replicas=6))  # twice the ITL target, with 6 serving
     assert d.decode_correction == pytest.approx(math.sqrt(2)) and d.decode == 9
 
 
