@@ -29,8 +29,16 @@ DRAIN_TIMEOUT_S = 300.0
 
 
 def _replicas(name: str, pool: PoolConfig, config: AppConfig) -> dict:
-    """A fixed replica count, or, with the SLA planner on, an autoscaling
-    config whose policy is the planner (bounds from `planner.prefill/decode`)."""
+    """A fixed replica count; Ray Serve's default autoscaler where the pool
+    asks for it; or, with the SLA planner on, an autoscaling config whose
+    policy is the planner (bounds from `planner.prefill/decode`)."""
+    if config.planner.mode is not PlannerMode.ACT and pool.autoscaling is not None:
+        a = pool.autoscaling
+        return {"autoscaling_config": AutoscalingConfig(
+            min_replicas=a.min_replicas, max_replicas=a.max_replicas,
+            initial_replicas=min(max(pool.replicas, a.min_replicas), a.max_replicas),
+            target_ongoing_requests=a.target_ongoing_requests,
+            upscale_delay_s=a.upscale_delay_s, downscale_delay_s=a.downscale_delay_s)}
     if config.planner.mode is PlannerMode.OFF:
         return {"num_replicas": pool.replicas}
     bounds = config.planner.prefill if name == "prefill_pool" else config.planner.decode
@@ -83,10 +91,28 @@ def _pool(name: str, pool: PoolConfig, config: AppConfig):
     )
 
 
+def _group_pools(config: AppConfig) -> dict:
+    """Each further pool group's deployments, bound: group name -> [decode, prefill or None].
+    A group's replicas get the application's config with the group's pools as
+    the top-level ones (`AppConfig.for_group`), so EnginePool reads them as usual."""
+    groups = {}
+    for group in config.pool_groups:
+        args = config.for_group(group.name).model_dump(mode="json")
+        decode_role = EngineRole.DECODE if group.prefill_pool is not None else EngineRole.AGGREGATED
+        decode = _pool(f"{group.name}_decode_pool", group.decode_pool, config).bind(args, decode_role.value)
+        prefill = None
+        if group.prefill_pool is not None:
+            prefill = _pool(f"{group.name}_prefill_pool", group.prefill_pool, config).bind(
+                args, EngineRole.PREFILL.value)
+        groups[group.name] = [decode, prefill]
+    return groups
+
+
 def build_app(config: AppConfig) -> Application:
-    """The whole graph: frontend -> decode pool (+ prefill pool when disaggregated).
-    Builds without starting anything, so a config can be checked offline."""
-    for pool in config.pools().values():
+    """The whole graph: frontend -> decode pool (+ prefill pool when disaggregated),
+    and the same for every further pool group. Builds without starting
+    anything, so a config can be checked offline."""
+    for pool in config.all_pools().values():
         check_engine_config(pool)
     args = config.model_dump(mode="json")
     disaggregated = config.mode is ServingMode.DISAGGREGATED
@@ -99,4 +125,6 @@ def build_app(config: AppConfig) -> Application:
         max_ongoing_requests=config.frontend.max_ongoing_requests,
         ray_actor_options={"num_cpus": config.frontend.num_cpus, "runtime_env": {"env_vars": REPLICA_ENV}},
     )
+    if config.pool_groups:
+        return frontend.bind(args, decode, prefill, _group_pools(config))
     return frontend.bind(args, decode, prefill)

@@ -16,7 +16,7 @@ from deployments.pool_client import ServePoolClient
 from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.app import AppHooks, Health, build_openai_app
 from orchestrator.api.service import CompletionService, ModelCard
-from orchestrator.config import AppConfig
+from orchestrator.config import PRIMARY_GROUP, AppConfig
 from orchestrator.engines import publishes_kv_events
 from orchestrator.kv.index import KVIndex
 from orchestrator.kv.ingest import KVEventIngest
@@ -25,6 +25,7 @@ from orchestrator.prompts import PromptRenderer, load_tokenizer
 from orchestrator.request_path import RequestPath
 from orchestrator.routing import make_scheduler
 from orchestrator.routing.report import SchedulerCollector
+from orchestrator.routing.shape import CombinedLoad, ShapeRouter
 
 log = logging.getLogger("ray.serve")
 
@@ -37,34 +38,59 @@ class Frontend:
         config: dict[str, Any],
         decode_pool: DeploymentHandle,
         prefill_pool: DeploymentHandle | None = None,
+        pool_groups: dict[str, list[DeploymentHandle | None]] | None = None,
     ) -> None:
+        """`pool_groups`: further groups' handles, group name -> [decode, prefill or None]."""
         app = AppConfig.model_validate(config)
         self.config = app
-        self.pools = {"decode_pool": ServePoolClient(decode_pool)}
-        if prefill_pool is not None:
-            self.pools["prefill_pool"] = ServePoolClient(prefill_pool)
+        handles = {PRIMARY_GROUP: (decode_pool, prefill_pool)}
+        handles.update({name: (pair[0], pair[1]) for name, pair in (pool_groups or {}).items()})
+        # Every pool of every group by deployment name, and per group its (decode, prefill) clients.
+        self.pools: dict[str, ServePoolClient] = {}
+        self.groups: dict[str, tuple[ServePoolClient, ServePoolClient | None]] = {}
+        for group, (decode, prefill) in handles.items():
+            decode_client = ServePoolClient(decode)
+            prefill_client = ServePoolClient(prefill) if prefill is not None else None
+            self.groups[group] = (decode_client, prefill_client)
+            for client in (decode_client, prefill_client):
+                if client is not None:
+                    self.pools[client.name] = client
         tokenizer = await asyncio.to_thread(load_tokenizer, app.model.tokenizer_source)
         self.metrics = FrontendMetrics(pools=self._pool_views)
-        # Each frontend replica keeps its own index, fed by the same event streams.
+        # Each frontend replica keeps its own index, fed by the same event streams;
+        # one index for every group (replica ids are unique), one scheduler per group.
         self.index = KVIndex()
-        self.scheduler = make_scheduler(app.routing, app.kv_cache.block_size, self.index)
-        self.metrics.add_collector(SchedulerCollector(self.index, getattr(self.scheduler, "load", None), self._pool_views))
+        self.schedulers = {group: make_scheduler(app.routing, app.kv_cache.block_size, self.index)
+                           for group in self.groups}
+        self.scheduler = self.schedulers[PRIMARY_GROUP]
+        loads = [s.load for s in self.schedulers.values() if getattr(s, "load", None) is not None]
+        self.metrics.add_collector(SchedulerCollector(self.index, CombinedLoad(loads) if loads else None,
+                                                      self._pool_views))
         self.kv_events = KVEventSubscriber(
             list(self.pools.values()), KVEventIngest(self.index), self.metrics, subscribe=publishes_kv_events(app)
         )
-        path = RequestPath(
-            decode_pool=self.pools["decode_pool"],
-            prefill_pool=self.pools.get("prefill_pool"),
-            scheduler=self.scheduler,
-            metrics=self.metrics,
-            prefill_timeout_s=app.frontend.prefill_timeout_s,
-            max_migrations=app.frontend.max_migrations,
-            detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
-        )
+        paths = {
+            group: RequestPath(
+                decode_pool=decode,
+                prefill_pool=prefill,
+                scheduler=self.schedulers[group],
+                metrics=self.metrics,
+                prefill_timeout_s=app.frontend.prefill_timeout_s,
+                max_migrations=app.frontend.max_migrations,
+                detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+            )
+            for group, (decode, prefill) in self.groups.items()
+        }
+        path = paths[PRIMARY_GROUP]
+        self.shape_router = None
+        if app.routing.shape is not None:
+            self.shape_router = ShapeRouter(app.routing.shape, app.kv_cache.block_size, self.index,
+                                            list(self.groups))
         card = ModelCard(name=app.model.name, max_model_len=app.model.max_model_len, created=int(time.time()))
         self.service = CompletionService(card, PromptRenderer(tokenizer), path, self.metrics, limits=app.frontend.limits,
                                          gate=AdmissionGate(app.frontend.max_in_flight),
-                                         retry_after_s=app.frontend.retry_after_s)
+                                         retry_after_s=app.frontend.retry_after_s,
+                                         group_paths=paths, shape_router=self.shape_router)
         self.api_key = None
         if app.frontend.auth.api_key_env is not None:
             self.api_key = os.environ.get(app.frontend.auth.api_key_env)
@@ -82,14 +108,25 @@ class Frontend:
     def _pool_views(self):
         return {name: pool.replicas() for name, pool in self.pools.items()}
 
+    def _groups_report(self) -> dict[str, Any]:
+        return {group: {"mode": "aggregated" if prefill is None else "disaggregated",
+                        "pools": [c.name for c in (decode, prefill) if c is not None]}
+                for group, (decode, prefill) in self.groups.items()}
+
     async def _health(self) -> Health:
         counts = {name: len(views) for name, views in self._pool_views().items()}
-        return Health(ready=all(counts.values()), detail={"mode": self.config.mode.value, "replicas": counts})
+        detail = {"mode": self.config.mode.value, "replicas": counts}
+        if len(self.groups) > 1:
+            detail["groups"] = self._groups_report()
+        return Health(ready=all(counts.values()), detail=detail)
 
     def _pools_report(self) -> dict[str, Any]:
+        shape = self.config.routing.shape
         return {
             "mode": self.config.mode.value,
             "routing": self.config.routing.policy.value,
+            "groups": self._groups_report(),
+            "shape_routing": shape.model_dump(mode="json") if shape is not None else None,
             "frontend_replica": serve.get_replica_context().replica_id.unique_id,
             "kv_index": {"blocks": self.index.num_blocks(), "following": self.kv_events.following()},
             "pools": {

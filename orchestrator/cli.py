@@ -42,6 +42,8 @@ TOOLS = [
 ]
 EXPERIMENTS = [
     ("autoscale", "autoscaling policies on time-varying load (virtual time)", "harness.autoscale", "run_experiment"),
+    ("autoscale-serve", "autoscaling policies on the Ray Serve app with simulated engines (real time)",
+     "harness.autoscale_serve", "run_experiment"),
 ]
 
 

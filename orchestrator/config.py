@@ -180,8 +180,28 @@ EngineConfig = Annotated[
 ]
 
 
+class ServeAutoscaling(_Strict):
+    """Ray Serve's own autoscaler for a pool (with the SLA planner off):
+    replicas = ongoing requests / target_ongoing_requests, within bounds."""
+
+    target_ongoing_requests: PositiveFloat = 2.0
+    min_replicas: int = Field(default=1, ge=0)
+    max_replicas: PositiveInt = 8
+    upscale_delay_s: float = Field(default=30.0, ge=0)
+    downscale_delay_s: float = Field(default=600.0, ge=0)
+
+    @model_validator(mode="after")
+    def _check(self) -> "ServeAutoscaling":
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
+        return self
+
+
 class PoolConfig(_Strict):
     replicas: PositiveInt = 1
+    autoscaling: ServeAutoscaling | None = Field(
+        default=None, description="Ray Serve's default autoscaler for this pool, `replicas` the initial count; "
+        "None: a fixed count (or the SLA planner's, with planner.mode act).")
     engine: EngineConfig
     num_cpus: float = Field(default=1.0, ge=0, description="Ray logical CPUs per replica.")
     resources: dict[str, PositiveFloat] = Field(
@@ -249,6 +269,41 @@ class RoutingPolicy(str, enum.Enum):
     KV_AWARE = "kv_aware"
 
 
+# The group made of the top-level prefill_pool/decode_pool; further groups are `pool_groups`.
+PRIMARY_GROUP = "primary"
+
+
+class ShapePolicy(str, enum.Enum):
+    SHAPE = "shape"  # by the request's measured shape (orchestrator/routing/shape.py)
+    ROUND_ROBIN = "round_robin"  # shape-blind: groups in turn (a baseline with the same pools)
+
+
+class ShapeRoutingConfig(_Strict):
+    """Which pool group serves a request, by its shape (orchestrator/routing/shape.py):
+
+        short_prompt  prompt < min_prompt_tokens                       -> unique_group
+        long_output   max_tokens > max_output_tokens (when set)        -> unique_group
+        prefix_heavy  longest cached prefix / prompt blocks >= min_prefix_reuse -> prefix_group
+        unique        anything else                                    -> unique_group
+
+    The cached prefix is measured in the frontend's KV index over the replicas
+    of every group (the request's reuse, wherever its prefix lives now)."""
+
+    policy: ShapePolicy = ShapePolicy.SHAPE
+    prefix_group: str = Field(description="Group for prefix-heavy requests (e.g. SGLang pools): `primary` or the "
+                              "name of one of `pool_groups`.")
+    unique_group: str = Field(default=PRIMARY_GROUP, description="Group for every other request.")
+    min_prefix_reuse: float = Field(
+        default=0.5, gt=0, le=1,
+        description="A request is prefix-heavy when at least this fraction of its prompt's full blocks is a "
+        "prefix some replica holds.")
+    min_prompt_tokens: int = Field(
+        default=0, ge=0, description="Shorter prompts are `short_prompt` (too short for reuse to matter).")
+    max_output_tokens: PositiveInt | None = Field(
+        default=None, description="Requests asking for more output tokens are `long_output`: decode-dominated, "
+        "their prefix saves a small share of their work. None: no bound.")
+
+
 class RoutingConfig(_Strict):
     """How the scheduler picks replicas and decides whether to disaggregate."""
 
@@ -280,6 +335,9 @@ class RoutingConfig(_Strict):
         description="Prefill pool counts as saturated when even its least loaded replica has more prompt tokens "
         "queued than this; requests then prefill locally. None: never.",
     )
+    shape: ShapeRoutingConfig | None = Field(
+        default=None, description="Routing among pool groups by request shape. None: every request to the "
+        "primary group (the top-level pools).")
 
 
 class SlaConfig(_Strict):
@@ -328,6 +386,11 @@ class PlannerConfig(_Strict):
     decode_utilization: float = Field(
         default=0.8, gt=0, le=1, description="Share of a decode replica's ITL-bound batch the planner fills; the "
         "rest absorbs bursts (a full batch makes new requests wait for a slot).")
+    replica_startup_s: float = Field(
+        default=0.0, ge=0, description="A new replica's start-up time: the planner also sizes for the interval "
+        "that starts this long after the next one (0: the next interval only).")
+    peak_memory_intervals: PositiveInt = Field(
+        default=3, description="Intervals of observed peak-to-mean prompt-token ratios the burst headroom remembers.")
 
 
 class NetworkConfig(_Strict):
@@ -364,6 +427,28 @@ class ClusterConfig(_Strict):
     nodes: PositiveInt | None = Field(default=None, description="GPU nodes; None: not checked against a total.")
 
 
+class PoolGroupConfig(_Strict):
+    """A further set of pools serving the same model (same kv_cache, same
+    routing settings) behind the same frontend, e.g. an SGLang P/D pair beside
+    the primary vLLM pair. Its deployments are `<name>_prefill_pool` and
+    `<name>_decode_pool`; it has its own scheduler."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")
+    prefill_pool: PoolConfig | None = Field(default=None, description="Absent: the group serves aggregated.")
+    decode_pool: PoolConfig
+
+    @property
+    def mode(self) -> ServingMode:
+        return ServingMode.AGGREGATED if self.prefill_pool is None else ServingMode.DISAGGREGATED
+
+    def pools(self) -> dict[str, PoolConfig]:
+        """Deployment name -> pool."""
+        pools = {f"{self.name}_decode_pool": self.decode_pool}
+        if self.prefill_pool is not None:
+            pools[f"{self.name}_prefill_pool"] = self.prefill_pool
+        return pools
+
+
 class AppConfig(_Strict):
     model: ModelConfig
     kv_cache: KVCacheConfig = KVCacheConfig()
@@ -371,6 +456,8 @@ class AppConfig(_Strict):
         default=None, description="Absent: aggregated serving, the decode pool prefills every prompt."
     )
     decode_pool: PoolConfig
+    pool_groups: list[PoolGroupConfig] = Field(
+        default_factory=list, description="Further pool groups (same model); `routing.shape` chooses among them.")
     frontend: FrontendConfig = FrontendConfig()
     routing: RoutingConfig = RoutingConfig()
     sla: SlaConfig = SlaConfig()
@@ -383,19 +470,56 @@ class AppConfig(_Strict):
         return ServingMode.AGGREGATED if self.prefill_pool is None else ServingMode.DISAGGREGATED
 
     def pools(self) -> dict[str, PoolConfig]:
+        """The primary group's pools (the top-level prefill_pool/decode_pool),
+        by deployment name; `all_pools` adds the further groups'."""
         pools = {"decode_pool": self.decode_pool}
         if self.prefill_pool is not None:
             pools["prefill_pool"] = self.prefill_pool
         return pools
 
+    def group_names(self) -> list[str]:
+        """`primary` first, then `pool_groups` in order."""
+        return [PRIMARY_GROUP, *(g.name for g in self.pool_groups)]
+
+    def group_pools(self) -> dict[str, dict[str, PoolConfig]]:
+        """Group name -> its pools by deployment name (every deployment name unique)."""
+        return {PRIMARY_GROUP: self.pools(), **{g.name: g.pools() for g in self.pool_groups}}
+
+    def all_pools(self) -> dict[str, PoolConfig]:
+        return {name: pool for pools in self.group_pools().values() for name, pool in pools.items()}
+
+    def for_group(self, name: str) -> "AppConfig":
+        """The application as the group's replicas see it: the group's pools as
+        the top-level pools, no further groups, no shape routing. Every other
+        setting (model, kv_cache, routing, network) is the application's."""
+        if name == PRIMARY_GROUP:
+            group_prefill, group_decode = self.prefill_pool, self.decode_pool
+        else:
+            group = next((g for g in self.pool_groups if g.name == name), None)
+            if group is None:
+                raise KeyError(f"no pool group {name!r} (groups: {self.group_names()})")
+            group_prefill, group_decode = group.prefill_pool, group.decode_pool
+        args = self.model_dump(mode="json")
+        args.update(prefill_pool=group_prefill.model_dump(mode="json") if group_prefill else None,
+                    decode_pool=group_decode.model_dump(mode="json"), pool_groups=[])
+        args["routing"]["shape"] = None
+        return AppConfig.model_validate(args)
+
     @model_validator(mode="after")
     def _check(self) -> "AppConfig":
+        if self.planner.mode is PlannerMode.ACT and any(p.autoscaling for p in self.pools().values()):
+            raise ValueError("a pool's `autoscaling` (Ray Serve's autoscaler) and planner.mode act both resize it: "
+                             "choose one")
         if self.planner.mode is not PlannerMode.OFF:
             if self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None:
                 raise ValueError("planner.mode needs both sla.ttft_p99_ms and sla.itl_p50_ms")
             if self.planner.profile is None and self.decode_pool.engine.kind != "sim":
                 raise ValueError("planner.profile is required for vLLM pools (make one with `orchestrator profile`)")
-        for name, pool in self.pools().items():
+            if self.pool_groups:
+                raise ValueError("the SLA planner sizes the primary pools only: planner.mode must be off when "
+                                 f"pool_groups are configured (groups: {[g.name for g in self.pool_groups]})")
+        self._check_groups()
+        for name, pool in self.all_pools().items():
             if pool.engine.device is Device.CPU and self.kv_cache.block_size % CPU_BLOCK_SIZE_MULTIPLE:
                 raise ValueError(
                     f"kv_cache.block_size={self.kv_cache.block_size}: {name} runs on CPU, "
@@ -405,17 +529,42 @@ class AppConfig(_Strict):
         if self.mode is ServingMode.DISAGGREGATED and "sglang" in kinds and len(kinds) > 1:
             raise ValueError("an SGLang pool hands KV over only to or from another SGLang pool (a bootstrap "
                              "rendezvous): prefill_pool and decode_pool must both be kind sglang")
+        for group in self.pool_groups:
+            kinds = {pool.engine.kind for pool in group.pools().values()}
+            if group.mode is ServingMode.DISAGGREGATED and "sglang" in kinds and len(kinds) > 1:
+                raise ValueError(f"pool_groups[{group.name}]: an SGLang pool hands KV over only to or from another "
+                                 "SGLang pool: its prefill_pool and decode_pool must both be kind sglang")
         if self.cluster is not None:
             from orchestrator.placement import check_layout
 
             check_layout(self.pool_gpu_demand(), self.cluster.gpus_per_node, self.cluster.nodes)
         return self
 
+    def _check_groups(self) -> None:
+        """Group names unique (and not `primary`); shape routing names existing
+        groups and has an index to measure reuse in. The groups serve one model:
+        model and kv_cache (block size) are the application's, not per group."""
+        seen = {PRIMARY_GROUP}
+        for group in self.pool_groups:
+            if group.name in seen:
+                what = "is reserved for the top-level pools" if group.name == PRIMARY_GROUP else "is used twice"
+                raise ValueError(f"pool_groups: the group name {group.name!r} {what}")
+            seen.add(group.name)
+        shape = self.routing.shape
+        if shape is None:
+            return
+        for field in ("prefix_group", "unique_group"):
+            name = getattr(shape, field)
+            if name not in seen:
+                raise ValueError(f"routing.shape.{field}: no pool group {name!r} (groups: {self.group_names()})")
+        if shape.policy is ShapePolicy.SHAPE and self.routing.policy is not RoutingPolicy.KV_AWARE:
+            raise ValueError("routing.shape measures prefix reuse in the KV index: it needs routing.policy kv_aware")
+
     def pool_gpu_demand(self) -> dict[str, tuple[int, int]]:
-        """Per pool: (GPUs per replica, most replicas it may run) — the planner's
-        max_replicas when it acts, else the fixed count."""
+        """Per pool of every group: (GPUs per replica, most replicas it may run) —
+        the planner's max_replicas when it acts, else the fixed count."""
         demand = {}
-        for name, pool in self.pools().items():
+        for name, pool in self.all_pools().items():
             most = pool.replicas
             if self.planner.mode is PlannerMode.ACT:
                 most = (self.planner.prefill if name == "prefill_pool" else self.planner.decode).max_replicas

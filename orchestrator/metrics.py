@@ -80,6 +80,15 @@ class FrontendMetrics:
         self.route_decisions = Counter(
             f"{PREFIX}_route_decisions", "Routing decisions by kind and reason.", ["kind", "reason"], registry=r
         )
+        self.shape_decisions = Counter(
+            f"{PREFIX}_shape_route_decisions", "Requests per pool group and measured shape class (routing.shape).",
+            ["group", "shape"], registry=r,
+        )
+        self.shape_prefix_reuse = Histogram(
+            f"{PREFIX}_shape_prefix_reuse_ratio", "Measured prefix reuse of routed requests: longest cached prefix "
+            "over the prompt's blocks (routing.shape).", registry=r,
+            buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0),
+        )
         self.decision_seconds = Histogram(
             f"{PREFIX}_scheduler_decision_seconds", "Time to choose a route.", registry=r,
             buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2),

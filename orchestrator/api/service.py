@@ -15,7 +15,7 @@ import json
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,7 @@ from orchestrator.metrics import FrontendMetrics
 from orchestrator.prompts import PromptRenderer
 from orchestrator.request_path import RequestPath, RequestTrace
 from orchestrator.requests import CompletionTotals, EngineChunk, EngineRequest, SamplingSpec
+from orchestrator.routing.shape import ShapeRouter
 
 
 @dataclass(frozen=True)
@@ -121,10 +122,16 @@ class CompletionService:
         clock: Callable[[], float] = time.perf_counter,
         wall_clock: Callable[[], float] = time.time,
         new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
+        group_paths: Mapping[str, RequestPath] | None = None,
+        shape_router: ShapeRouter | None = None,
     ) -> None:
         self.model = model
         self.renderer = renderer
+        # `path` serves every request, unless `shape_router` is given: then it
+        # names, per request, the group whose path in `group_paths` serves it.
         self.path = path
+        self.group_paths = dict(group_paths or {})
+        self.shape_router = shape_router
         self.metrics = metrics
         self.limits = limits
         self.gate = gate or AdmissionGate(limit=1 << 30)
@@ -244,10 +251,27 @@ class CompletionService:
 
     # -- running --------------------------------------------------------------
 
+    def _path_for(self, request: EngineRequest) -> RequestPath:
+        """The path of the group the shape router names. A group with no live
+        decode replica (starting, gone) hands its request to the unique group;
+        the counter records the group that serves it."""
+        if self.shape_router is None:
+            return self.path
+        decision = self.shape_router.route(request)
+        group = decision.group
+        if not self.group_paths[group].decode_pool.replicas():
+            fallback = self.shape_router.config.unique_group
+            if self.group_paths[fallback].decode_pool.replicas():
+                group = fallback
+        self.metrics.shape_decisions.labels(group, decision.shape.value).inc()
+        self.metrics.shape_prefix_reuse.observe(decision.reuse)
+        return self.group_paths[group]
+
     async def _chunks(self, p: PreparedRequest, trace: RequestTrace) -> AsyncIterator[EngineChunk]:
         """The engine's chunks, with latency metrics observed as they pass."""
         last = None
-        async with contextlib.aclosing(self.path.stream(p.engine_request, trace)) as chunks:
+        path = self._path_for(p.engine_request)
+        async with contextlib.aclosing(path.stream(p.engine_request, trace)) as chunks:
             async for chunk in chunks:
                 n = len(chunk.token_ids)
                 if n:

@@ -87,3 +87,122 @@ def test_load_reads_the_args_of_a_serve_config(tmp_path):
     bare = tmp_path / "args.yaml"
     bare.write_text(yaml.safe_dump(BASE))
     assert load_app_config(bare).kv_cache.block_size == 32
+
+
+# -- pool groups and shape routing (issue 9) -------------------------------------
+
+SIM_GROUP = {"name": "sim", "prefill_pool": {"engine": {"kind": "sim"}}, "decode_pool": {"engine": {"kind": "sim"}}}
+SHAPE = {"prefix_group": "sim", "unique_group": "primary"}
+
+
+def _mixed(**routing):
+    cfg = copy.deepcopy(BASE)
+    cfg["pool_groups"] = [copy.deepcopy(SIM_GROUP)]
+    cfg["routing"] = {"shape": dict(SHAPE), **routing}
+    return cfg
+
+
+def test_existing_configs_have_one_group_and_no_shape_routing():
+    cfg = AppConfig.model_validate(BASE)
+    assert cfg.pool_groups == [] and cfg.routing.shape is None
+    assert cfg.group_names() == ["primary"] and cfg.all_pools() == cfg.pools()
+
+
+def test_pool_groups_add_uniquely_named_deployments():
+    cfg = AppConfig.model_validate(_mixed())
+    assert cfg.group_names() == ["primary", "sim"]
+    assert set(cfg.all_pools()) == {"prefill_pool", "decode_pool", "sim_prefill_pool", "sim_decode_pool"}
+    assert set(cfg.pools()) == {"prefill_pool", "decode_pool"}  # the primary group, as before
+    assert cfg.routing.shape.min_prefix_reuse == 0.5 and cfg.routing.shape.policy.value == "shape"
+
+
+def test_a_group_config_is_the_app_with_the_groups_pools_on_top():
+    cfg = AppConfig.model_validate(_mixed())
+    sim = cfg.for_group("sim")
+    assert sim.decode_pool.engine.kind == "sim" and sim.prefill_pool.engine.kind == "sim"
+    assert sim.pool_groups == [] and sim.routing.shape is None
+    assert (sim.model, sim.kv_cache, sim.network) == (cfg.model, cfg.kv_cache, cfg.network)
+    assert cfg.for_group("primary").decode_pool == cfg.decode_pool
+    with pytest.raises(KeyError, match="nope"):
+        cfg.for_group("nope")
+
+
+def test_an_aggregated_group_has_no_prefill_pool():
+    cfg = _mixed()
+    del cfg["pool_groups"][0]["prefill_pool"]
+    parsed = AppConfig.model_validate(cfg)
+    assert parsed.pool_groups[0].mode is ServingMode.AGGREGATED
+    assert set(parsed.all_pools()) == {"prefill_pool", "decode_pool", "sim_decode_pool"}
+
+
+def test_group_names_must_be_unique_and_not_primary():
+    cfg = _mixed()
+    cfg["pool_groups"].append(copy.deepcopy(SIM_GROUP))
+    assert "'sim' is used twice" in _error(cfg)
+    cfg = _mixed()
+    cfg["pool_groups"][0]["name"] = "primary"
+    cfg["routing"]["shape"]["prefix_group"] = "primary"
+    assert "'primary' is reserved" in _error(cfg)
+    cfg = _mixed()
+    cfg["pool_groups"][0]["name"] = "Bad-Name"
+    assert "pool_groups.0.name" in _error(cfg)
+
+
+def test_shape_routing_must_name_existing_groups():
+    cfg = _mixed()
+    cfg["routing"]["shape"]["prefix_group"] = "sglang"
+    assert "routing.shape.prefix_group: no pool group 'sglang'" in _error(cfg)
+    cfg = _mixed()
+    cfg["routing"]["shape"]["unique_group"] = "vllm"
+    assert "routing.shape.unique_group: no pool group 'vllm'" in _error(cfg)
+
+
+def test_shape_routing_needs_the_kv_index():
+    assert "needs routing.policy kv_aware" in _error(_mixed(policy="round_robin"))
+    # Shape-blind round robin over the groups needs no index.
+    cfg = _mixed(policy="round_robin")
+    cfg["routing"]["shape"]["policy"] = "round_robin"
+    AppConfig.model_validate(cfg)
+
+
+def test_shape_thresholds_are_checked():
+    cfg = _mixed()
+    cfg["routing"]["shape"]["min_prefix_reuse"] = 1.5
+    assert "min_prefix_reuse" in _error(cfg)
+    cfg = _mixed()
+    cfg["routing"]["shape"]["max_output_tokens"] = 0
+    assert "max_output_tokens" in _error(cfg)
+    cfg = _mixed()
+    cfg["routing"]["shape"]["prefix_heavy_group"] = "sim"
+    assert "prefix_heavy_group" in _error(cfg)
+
+
+def test_groups_share_the_block_size_check():
+    cfg = _mixed()
+    cfg["kv_cache"]["block_size"] = 16
+    cfg["prefill_pool"] = cfg["decode_pool"] = {"engine": {"kind": "sim"}}
+    cfg["pool_groups"][0]["decode_pool"] = {"engine": {"kind": "vllm", "device": "cpu"}}
+    assert "sim_decode_pool runs on CPU" in _error(cfg)
+
+
+def test_the_planner_is_refused_with_pool_groups():
+    cfg = _mixed()
+    cfg["sla"] = {"ttft_p99_ms": 500, "itl_p50_ms": 30}
+    cfg["planner"] = {"mode": "act", "profile": "/p.json"}
+    assert "planner.mode must be off when pool_groups are configured" in _error(cfg)
+
+
+def test_an_sglang_group_must_be_sglang_on_both_sides():
+    cfg = _mixed()
+    cfg["pool_groups"][0]["prefill_pool"] = {"engine": {"kind": "sglang"}}
+    assert "pool_groups[sim]" in _error(cfg)
+
+
+def test_the_layout_check_counts_every_group():
+    cfg = copy.deepcopy(BASE)
+    cfg["prefill_pool"] = {"replicas": 4, "engine": {"kind": "vllm"}}
+    cfg["decode_pool"] = {"replicas": 4, "engine": {"kind": "vllm"}}
+    cfg["cluster"] = {"gpus_per_node": 8, "nodes": 1}
+    AppConfig.model_validate(cfg)
+    cfg["pool_groups"] = [{"name": "sg", "decode_pool": {"engine": {"kind": "sglang"}}}]
+    assert "need 9 GPUs" in _error(cfg) and "sg_decode_pool 1x1" in _error(cfg)

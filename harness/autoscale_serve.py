@@ -1,0 +1,250 @@
+"""`orchestrator experiment autoscale-serve`: time-varying load against the
+real Ray Serve application (configs/disagg-sim.yaml: simulated H100 engines in
+real time, the real frontend, scheduler, KV index and autoscaling), one run
+per policy, the same requests each time:
+
+  planner      our SLA planner as Serve's autoscaling policy (planner.mode act)
+  ray-default  Ray Serve's own autoscaler on each pool, its defaults:
+               target_ongoing_requests 2, 30 s up-scale and 600 s down-scale delay
+  static-P+D   fixed pools (`--static P+D`; e.g. the best split the
+               virtual-time experiment found for the same workload)
+
+The workload is a prefill-heavy phase then a decode-heavy one, each a
+sinusoidal Poisson rate (see `phases`). Per request, SLO met = TTFT within
+`ttft_p99_ms` and its median ITL within `itl_p50_ms`, measured by the client.
+Replicas are read from Serve's own status every `--poll-s` (starting and
+running ones cost; GPU-hours = integral of replicas x GPUs per replica).
+Simulated replicas start in about a second (no model load), which favours
+every policy that scales up late alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from harness.client import RequestRecord
+from harness.runner import Target, run_schedule
+from harness.workloads import RequestSpec
+from orchestrator.config import AppConfig, shipped_config
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = "autoscale"
+POOLS = ("prefill_pool", "decode_pool")
+# Ray Serve's defaults for `autoscaling_config` (ray.serve.config.AutoscalingConfig).
+SERVE_DEFAULT_AUTOSCALING = {"target_ongoing_requests": 2, "upscale_delay_s": 30.0, "downscale_delay_s": 600.0}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model-dir", default=str(Path("~/.cache/orchestrator/tiny-llama").expanduser()),
+                   help="the tokenizer the frontend loads")
+    p.add_argument("--minutes", type=float, default=6.0, help="length of the load; half each phase")
+    p.add_argument("--rate", type=float, default=4.0, help="mean requests/s")
+    p.add_argument("--prefill-phase", default="2000/20", help="ISL/OSL of the first half")
+    p.add_argument("--decode-phase", default="300/200", help="ISL/OSL of the second half")
+    p.add_argument("--sim-model", choices=["llama-3.1-8b", "llama-3.1-70b", "qwen3-32b"], default="qwen3-32b",
+                   help="what each simulated H100 serves (32B: prefill and decode both bind at rates 2 cores send)")
+    p.add_argument("--ttft-p99-ms", type=float, default=1000.0)
+    p.add_argument("--itl-p50-ms", type=float, default=30.0)
+    p.add_argument("--interval-s", type=float, default=10.0, help="the planner's adjustment interval")
+    p.add_argument("--max-replicas", type=int, default=4, help="per pool")
+    p.add_argument("--policies", default="planner,ray-default,static")
+    p.add_argument("--static", default="2+2", help="the static split P+D")
+    p.add_argument("--poll-s", type=float, default=2.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", required=True)
+
+
+# -- workload ----------------------------------------------------------------------------------------------------------
+
+
+def _lengths(text: str) -> tuple[int, int]:
+    isl, osl = text.split("/")
+    return int(isl), int(osl)
+
+
+def phases(minutes: float, rate: float, prefill_phase: tuple[int, int], decode_phase: tuple[int, int],
+           seed: int, vocab: int = 600) -> list[RequestSpec]:
+    """Poisson arrivals at rate x (1 + 0.6 sin(2 pi t / (T/3))), unique prompts;
+    the first half at `prefill_phase` lengths, the second at `decode_phase`."""
+    rng = random.Random(seed)
+    horizon, out, t, peak = minutes * 60, [], 0.0, rate * 1.6
+    while True:
+        t += rng.expovariate(peak)
+        if t >= horizon:
+            return out
+        if rng.random() > (1 + 0.6 * math.sin(2 * math.pi * t / (horizon / 3))) / 1.6:
+            continue
+        isl, osl = prefill_phase if t < horizon / 2 else decode_phase
+        out.append(RequestSpec(tuple(rng.randrange(10, vocab) for _ in range(isl)), osl, arrival_s=t))
+
+
+# -- the application per policy -----------------------------------------------------------------------------------------
+
+
+def app_config(policy: str, args: argparse.Namespace) -> AppConfig:
+    sla = {"sla__ttft_p99_ms": args.ttft_p99_ms, "sla__itl_p50_ms": args.itl_p50_ms}
+    base = dict(kv_cache__block_size=16, network__advertise_host="127.0.0.1", model__name=f"sim-{args.sim_model}",
+                prefill_pool__engine__model=args.sim_model, decode_pool__engine__model=args.sim_model, **sla)
+    bounds = {"min_replicas": 1, "max_replicas": args.max_replicas}
+    config = ROOT / "configs" / "disagg-sim.yaml"
+    if policy == "planner":
+        return shipped_config(config, args.model_dir, prefill_pool__replicas=1, decode_pool__replicas=1,
+                              planner__mode="act", planner__interval_s=args.interval_s, planner__prefill=bounds,
+                              planner__decode=bounds, **base)
+    if policy == "ray-default":
+        autoscaling = {**SERVE_DEFAULT_AUTOSCALING, **bounds}
+        return shipped_config(config, args.model_dir, prefill_pool__replicas=1, decode_pool__replicas=1,
+                              prefill_pool__autoscaling=autoscaling, decode_pool__autoscaling=autoscaling, **base)
+    prefill, decode = (int(n) for n in args.static.split("+"))
+    return shipped_config(config, args.model_dir, prefill_pool__replicas=prefill, decode_pool__replicas=decode, **base)
+
+
+async def _poll(samples: list[dict[str, Any]], start: float, period_s: float, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        from deployments.local_serve import replica_counts
+
+        counts = await asyncio.to_thread(replica_counts, APP, POOLS)
+        samples.append({"t": time.perf_counter() - start, **counts})
+        try:
+            await asyncio.wait_for(stop.wait(), period_s)
+        except asyncio.TimeoutError:
+            pass
+
+
+async def _replay(base_url: str, model: str, requests: list[RequestSpec], poll_s: float):
+    samples: list[dict[str, Any]] = []
+    stop = asyncio.Event()
+    start = time.perf_counter()
+    poller = asyncio.create_task(_poll(samples, start, poll_s, stop))
+    records, elapsed = await run_schedule(Target(base_url, model), requests, [r.arrival_s for r in requests])
+    stop.set()
+    await poller
+    return records, samples, elapsed
+
+
+def run_policy(policy: str, args: argparse.Namespace, requests: list[RequestSpec], port: int) -> dict[str, Any]:
+    from deployments.local_serve import serve_locally
+
+    config = app_config(policy, args)
+    with serve_locally(config, APP, port):
+        _wait_ready(f"http://127.0.0.1:{port}")
+        records, samples, _ = asyncio.run(_replay(f"http://127.0.0.1:{port}", config.model.name, requests,
+                                                        args.poll_s))
+    return summarize(policy, records, requests, samples, args)
+
+
+def _wait_ready(base_url: str, timeout_s: float = 300) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base_url}/health", timeout=5).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError(f"{base_url}/health not ready after {timeout_s}s")
+
+
+# -- results -----------------------------------------------------------------------------------------------------------
+
+
+def meets(record: RequestRecord, ttft_ms: float, itl_ms: float) -> bool:
+    if not record.ok or record.ttft_s is None:
+        return False
+    return record.ttft_s * 1000 <= ttft_ms and (not record.itl_s or statistics.median(record.itl_s) * 1000 <= itl_ms)
+
+
+def gpu_seconds(samples: list[dict[str, Any]]) -> float:
+    """Integral of (prefill + decode replicas) over time, one GPU a replica
+    (simulated H100s at TP1), from the polled counts (step-wise)."""
+    total = 0.0
+    for a, b in zip(samples, samples[1:]):
+        total += (b["t"] - a["t"]) * sum(a[p] for p in POOLS)
+    return total
+
+
+def summarize(policy: str, records: list[RequestRecord], requests: list[RequestSpec],
+              samples: list[dict[str, Any]], args: argparse.Namespace, bin_s: float = 30.0) -> dict[str, Any]:
+    met = [meets(r, args.ttft_p99_ms, args.itl_p50_ms) for r in records]
+    attainment = sum(met) / len(met) if met else 0.0
+    gpu_h = gpu_seconds(samples) / 3600
+    intervals = []
+    horizon = args.minutes * 60
+    for k in range(math.ceil(horizon / bin_s)):
+        t0, t1 = k * bin_s, (k + 1) * bin_s
+        idx = [i for i, spec in enumerate(requests) if t0 <= spec.arrival_s < t1]
+        in_bin = [s for s in samples if t0 <= s["t"] < t1]
+        intervals.append({
+            "t0_s": t0, "offered_rps": len(idx) / bin_s,
+            "attainment": sum(met[i] for i in idx) / len(idx) if idx else None,
+            **{p: statistics.fmean(s[p] for s in in_bin) if in_bin else None for p in POOLS}})
+    ok = [r for r in records if r.ok]
+    ttft = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
+    return {"policy": policy, "requests": len(records), "answered": len(ok), "attainment": attainment,
+            "gpu_hours": gpu_h, "attainment_per_gpu_hour": attainment / gpu_h if gpu_h else 0.0,
+            "ttft_p50_ms": _pct(ttft, 0.5), "ttft_p99_ms": _pct(ttft, 0.99),
+            "errors": sorted({r.error for r in records if r.error})[:5], "intervals": intervals, "samples": samples}
+
+
+def _pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    return values[min(int(q * len(values)), len(values) - 1)] * 1000
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = doc["runs"]
+    fig, axes = plt.subplots(len(runs) + 1, 1, figsize=(9, 2.6 * (len(runs) + 1)), sharex=True)
+    first = runs[0]["intervals"]
+    axes[0].plot([i["t0_s"] for i in first], [i["offered_rps"] for i in first], drawstyle="steps-post")
+    axes[0].set_ylabel("offered req/s")
+    axes[0].set_title(f"{doc['workload']} on the Ray Serve app (simulated H100s), real time")
+    for ax, run in zip(axes[1:], runs):
+        t = [s["t"] for s in run["samples"]]
+        for pool in POOLS:
+            ax.plot(t, [s[pool] for s in run["samples"]], drawstyle="steps-post", label=pool)
+        ax.set_ylabel("replicas")
+        ax.set_title(f"{run['policy']}: {run['attainment']:.1%} within SLO, {run['gpu_hours']:.3f} GPU-h", fontsize=9)
+        ax.legend(loc="upper right", fontsize=8)
+    axes[-1].set_xlabel("seconds")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def run_experiment(args: argparse.Namespace) -> int:
+    import socket
+
+    requests = phases(args.minutes, args.rate, _lengths(args.prefill_phase), _lengths(args.decode_phase), args.seed)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    runs = []
+    for policy in args.policies.split(","):
+        run = run_policy(policy, args, requests, port)
+        runs.append(run)
+        print(f"{policy}: {run['attainment']:.1%} within SLO at {run['gpu_hours']:.3f} GPU-h "
+              f"({run['answered']}/{run['requests']} answered)")
+    doc = {"schema": "orchestrator-autoscale-serve/1", "created_at": time.time(),
+           "workload": f"phases {args.prefill_phase} then {args.decode_phase}, {args.rate} req/s mean, "
+                       f"{args.minutes} min", "sla": {"ttft_p99_ms": args.ttft_p99_ms, "itl_p50_ms": args.itl_p50_ms},
+           "args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool))}, "runs": runs}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(doc, indent=1))
+    plot(doc, out.with_suffix(".png"))
+    return 0
