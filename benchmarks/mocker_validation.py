@@ -44,7 +44,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +53,7 @@ import harness.runner as runner  # noqa: E402
 from benchmarks import dynamo_peer, peers  # noqa: E402
 from benchmarks.sim_validation import (  # noqa: E402
     MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, RESULTS, compare, load_specs, make_workload, trace_requests)
-from harness.client import RequestRecord, _content, _sse_lines  # noqa: E402
+from harness.client import RequestRecord, _content, stream_events  # noqa: E402
 from harness.metrics import summarize  # noqa: E402
 from harness.runner import Target, poisson_offsets, run_concurrency, run_schedule  # noqa: E402
 from harness.workloads import TokenPool  # noqa: E402
@@ -91,29 +90,12 @@ async def stream_tokens(client, url: str, body: dict) -> RequestRecord:
     record = RequestRecord(ok=False, start_s=start)
     timing = None
     try:
-        async with client.stream("POST", url, json=body) as r:
-            if r.status_code != 200:
-                record.error = f"http_{r.status_code}"
-                await r.aread()
-                return record
-            async for line in _sse_lines(r):
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    break
-                event = json.loads(data)
-                if "error" in event:
-                    record.error = "stream_error"
-                    return record
-                usage = event.get("usage")
-                if usage:
-                    record.output_tokens = usage["completion_tokens"]
-                    record.prompt_tokens = usage["prompt_tokens"]
-                timing = ((event.get("nvext") or {}).get("timing")) or timing
-                record.text += _content(event)
+        async for event in stream_events(client, url, body, record):
+            timing = ((event.get("nvext") or {}).get("timing")) or timing
+            record.text += _content(event)
     except Exception as e:  # noqa: BLE001 - a failed request is a record, not a crash
         record.error = type(e).__name__
+    if record.error:
         return record
     record.e2e_s = time.perf_counter() - start
     if timing and timing.get("ttft_ms") is not None and timing.get("total_time_ms") is not None:

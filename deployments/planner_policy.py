@@ -52,8 +52,7 @@ def make_planner(app: AppConfig) -> SlaPlanner:
         raise ValueError("planner.profile is required for vLLM pools (make one with `orchestrator profile`)")
     prefill = app.prefill_pool.replicas if app.prefill_pool is not None else 0
     return SlaPlanner(app.planner, app.sla, perf, kv_tokens, max_num_seqs=getattr(engine, "max_num_seqs", None) or 256,
-                      disaggregated=app.prefill_pool is not None, initial=(prefill, app.decode_pool.replicas),
-                      lookahead_s=app.planner.replica_startup_s, peak_memory=app.planner.peak_memory_intervals)
+                      disaggregated=app.prefill_pool is not None, initial=(prefill, app.decode_pool.replicas))
 
 
 class _Coordinator:

@@ -28,13 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import random
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from harness import workloads
 from harness.workloads import AzureTrace, RequestSpec, TokenPool, replay_offsets
 from orchestrator.config import PlannerConfig, PoolBounds, RoutingConfig, SimEngineConfig, SlaConfig
 from orchestrator.engines.sim_engine import kv_capacity_blocks, perf_model
@@ -88,18 +88,7 @@ def phase_requests(args: argparse.Namespace) -> list[RequestSpec]:
     """A sinusoidal rate (period a third of the run) whose mix turns from
     prefill-heavy (ISL 3000 / OSL 100) to decode-heavy (ISL 300 / OSL 600)
     half-way; unique prompts."""
-    rng = random.Random(args.seed)
-    horizon, out, t = args.minutes * 60, [], 0.0
-    peak = args.rate * 1.6
-    while True:
-        t += rng.expovariate(peak)
-        if t >= horizon:
-            return out
-        if rng.random() > (1 + 0.6 * math.sin(2 * math.pi * t / (horizon / 3))) / 1.6:
-            continue  # thinning: Poisson with the time-varying rate
-        isl, osl = (3000, 100) if t < horizon / 2 else (300, 600)
-        prompt = tuple(rng.randrange(100, 32000) for _ in range(isl))
-        out.append(RequestSpec(prompt, osl, arrival_s=t))
+    return workloads.phase_requests(args.minutes, args.rate, (3000, 100), (300, 600), args.seed, (100, 32000))
 
 
 # -- observation -----------------------------------------------------------------------------------------------------
@@ -323,8 +312,8 @@ def run_experiment(args: argparse.Namespace) -> int:
 
     def planner(initial: tuple[int, int] = (1, 1)) -> SlaPlanner:
         config = PlannerConfig(mode="act", interval_s=args.interval_s, predictor=args.predictor, prefill=bounds,
-                               decode=bounds, scale_down_intervals=scale_down)
-        return SlaPlanner(config, sla, perf, blocks * block_size, initial=initial, lookahead_s=lookahead)
+                               decode=bounds, scale_down_intervals=scale_down, replica_startup_s=lookahead)
+        return SlaPlanner(config, sla, perf, blocks * block_size, initial=initial)
 
     # Every autoscaled run starts from the pools the first minute of load needs
     # (as a deployment sized for its launch would), so that no policy is

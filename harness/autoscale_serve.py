@@ -10,7 +10,7 @@ per policy, the same requests each time:
                virtual-time experiment found for the same workload)
 
 The workload is a prefill-heavy phase then a decode-heavy one, each a
-sinusoidal Poisson rate (see `phases`). Per request, SLO met = TTFT within
+sinusoidal Poisson rate (harness.workloads.phase_requests). Per request, SLO met = TTFT within
 `ttft_p99_ms` and its median ITL within `itl_p50_ms`, measured by the client.
 Replicas are read from Serve's own status every `--poll-s` (starting and
 running ones cost; GPU-hours = integral of replicas x GPUs per replica).
@@ -24,15 +24,15 @@ import argparse
 import asyncio
 import json
 import math
-import random
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from harness.client import RequestRecord
+from harness.metrics import SloTerm, meets_slo, parse_slo, percentiles
 from harness.runner import Target, run_schedule
-from harness.workloads import RequestSpec
+from harness.workloads import RequestSpec, phase_requests
 from orchestrator.config import AppConfig, shipped_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,22 +68,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _lengths(text: str) -> tuple[int, int]:
     isl, osl = text.split("/")
     return int(isl), int(osl)
-
-
-def phases(minutes: float, rate: float, prefill_phase: tuple[int, int], decode_phase: tuple[int, int],
-           seed: int, vocab: int = 600) -> list[RequestSpec]:
-    """Poisson arrivals at rate x (1 + 0.6 sin(2 pi t / (T/3))), unique prompts;
-    the first half at `prefill_phase` lengths, the second at `decode_phase`."""
-    rng = random.Random(seed)
-    horizon, out, t, peak = minutes * 60, [], 0.0, rate * 1.6
-    while True:
-        t += rng.expovariate(peak)
-        if t >= horizon:
-            return out
-        if rng.random() > (1 + 0.6 * math.sin(2 * math.pi * t / (horizon / 3))) / 1.6:
-            continue
-        isl, osl = prefill_phase if t < horizon / 2 else decode_phase
-        out.append(RequestSpec(tuple(rng.randrange(10, vocab) for _ in range(isl)), osl, arrival_s=t))
 
 
 # -- the application per policy -----------------------------------------------------------------------------------------
@@ -158,10 +142,9 @@ def _wait_ready(base_url: str, timeout_s: float = 300) -> None:
 # -- results -----------------------------------------------------------------------------------------------------------
 
 
-def meets(record: RequestRecord, ttft_ms: float, itl_ms: float) -> bool:
-    if not record.ok or record.ttft_s is None:
-        return False
-    return record.ttft_s * 1000 <= ttft_ms and (not record.itl_s or statistics.median(record.itl_s) * 1000 <= itl_ms)
+def request_slo(args: argparse.Namespace) -> list[SloTerm]:
+    """Per request: its TTFT and its median ITL within the targets."""
+    return parse_slo({"ttft_ms": args.ttft_p99_ms, "itl_p50_ms": args.itl_p50_ms})
 
 
 def gpu_seconds(samples: list[dict[str, Any]]) -> float:
@@ -175,7 +158,8 @@ def gpu_seconds(samples: list[dict[str, Any]]) -> float:
 
 def summarize(policy: str, records: list[RequestRecord], requests: list[RequestSpec],
               samples: list[dict[str, Any]], args: argparse.Namespace, bin_s: float = 30.0) -> dict[str, Any]:
-    met = [meets(r, args.ttft_p99_ms, args.itl_p50_ms) for r in records]
+    slo = request_slo(args)
+    met = [meets_slo(r, slo) for r in records]
     attainment = sum(met) / len(met) if met else 0.0
     gpu_h = gpu_seconds(samples) / 3600
     intervals = []
@@ -189,17 +173,11 @@ def summarize(policy: str, records: list[RequestRecord], requests: list[RequestS
             "attainment": sum(met[i] for i in idx) / len(idx) if idx else None,
             **{p: statistics.fmean(s[p] for s in in_bin) if in_bin else None for p in POOLS}})
     ok = [r for r in records if r.ok]
-    ttft = sorted(r.ttft_s for r in ok if r.ttft_s is not None)
+    ttft = percentiles([r.ttft_s for r in ok if r.ttft_s is not None])
     return {"policy": policy, "requests": len(records), "answered": len(ok), "attainment": attainment,
             "gpu_hours": gpu_h, "attainment_per_gpu_hour": attainment / gpu_h if gpu_h else 0.0,
-            "ttft_p50_ms": _pct(ttft, 0.5), "ttft_p99_ms": _pct(ttft, 0.99),
+            "ttft_p50_ms": ttft["p50"], "ttft_p99_ms": ttft["p99"],
             "errors": sorted({r.error for r in records if r.error})[:5], "intervals": intervals, "samples": samples}
-
-
-def _pct(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    return values[min(int(q * len(values)), len(values) - 1)] * 1000
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
@@ -229,7 +207,8 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 def run_experiment(args: argparse.Namespace) -> int:
     import socket
 
-    requests = phases(args.minutes, args.rate, _lengths(args.prefill_phase), _lengths(args.decode_phase), args.seed)
+    requests = phase_requests(args.minutes, args.rate, _lengths(args.prefill_phase), _lengths(args.decode_phase),
+                              args.seed, token_range=(10, 600))  # the tiny tokenizer's vocabulary
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]

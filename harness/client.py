@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,39 @@ async def _sse_lines(response: httpx.Response):
         yield buffer
 
 
+async def stream_events(client: httpx.AsyncClient, url: str, body: dict[str, Any],
+                        record: RequestRecord) -> AsyncIterator[dict[str, Any]]:
+    """POST `body` and yield the stream's JSON events, the usage fields copied
+    into `record` as they come. An HTTP error status, an undecodable event or
+    an error event sets `record.error` and ends the stream."""
+    async with client.stream("POST", url, json=body) as r:
+        if r.status_code != 200:
+            record.error = f"http_{r.status_code}"
+            await r.aread()
+            return
+        async for line in _sse_lines(r):
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                return
+            try:
+                event = json.loads(data)
+            except json.JSONDecodeError:
+                record.error = "bad_event"
+                return
+            if "error" in event:
+                record.error = "stream_error"
+                return
+            usage = event.get("usage")
+            if usage:
+                record.output_tokens = usage["completion_tokens"]
+                record.prompt_tokens = usage["prompt_tokens"]
+                details = usage.get("prompt_tokens_details") or {}
+                record.cached_tokens = details.get("cached_tokens")
+            yield event
+
+
 async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> RequestRecord:
     """POST `body` with streaming and usage on; never raises for server errors."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
@@ -53,46 +87,24 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str,
     record = RequestRecord(ok=False, start_s=start)
     last = None
     try:
-        async with client.stream("POST", url, json=body) as r:
-            if r.status_code != 200:
-                record.error = f"http_{r.status_code}"
-                await r.aread()
-                return record
-            async for line in _sse_lines(r):
-                if not line.startswith("data: "):
-                    continue
-                data = line[6:]
-                if data == "[DONE]":
-                    break
-                try:
-                    event = json.loads(data)
-                except json.JSONDecodeError:
-                    record.error = "bad_event"
-                    return record
-                if "error" in event:
-                    record.error = "stream_error"
-                    return record
-                usage = event.get("usage")
-                if usage:
-                    record.output_tokens = usage["completion_tokens"]
-                    record.prompt_tokens = usage["prompt_tokens"]
-                    details = usage.get("prompt_tokens_details") or {}
-                    record.cached_tokens = details.get("cached_tokens")
-                text = _content(event)
-                finish = any(c.get("finish_reason") for c in event.get("choices") or [])
-                # Output arrives as text; a request whose tokens all detokenize
-                # to nothing (special tokens, a partial UTF-8 character) shows
-                # its first token only with the finish reason.
-                if text or (finish and last is None):
-                    now = time.perf_counter()
-                    if last is None:
-                        record.ttft_s = now - start
-                    else:
-                        record.itl_s.append(now - last)
-                    last = now
-                    record.text += text
+        async for event in stream_events(client, url, body, record):
+            text = _content(event)
+            finish = any(c.get("finish_reason") for c in event.get("choices") or [])
+            # Output arrives as text; a request whose tokens all detokenize
+            # to nothing (special tokens, a partial UTF-8 character) shows
+            # its first token only with the finish reason.
+            if text or (finish and last is None):
+                now = time.perf_counter()
+                if last is None:
+                    record.ttft_s = now - start
+                else:
+                    record.itl_s.append(now - last)
+                last = now
+                record.text += text
     except httpx.HTTPError as e:
         record.error = type(e).__name__
+        return record
+    if record.error:
         return record
     record.e2e_s = time.perf_counter() - start
     record.ok = record.ttft_s is not None

@@ -202,3 +202,21 @@ def replay_offsets(specs: list[RequestSpec], time_scale: float = 1.0, rate_scale
     first = (specs[0].arrival_s or 0.0) if specs else 0.0
     factor = time_scale / rate_scale
     return [((s.arrival_s or 0.0) - first) * factor for s in specs]
+
+
+def phase_requests(minutes: float, rate: float, prefill_phase: tuple[int, int], decode_phase: tuple[int, int],
+                   seed: int, token_range: tuple[int, int]) -> list[RequestSpec]:
+    """Poisson arrivals at rate x (1 + 0.6 sin(2 pi t / (T/3))) (thinning of
+    a Poisson process at 1.6 x rate), unique prompts of token ids in
+    `token_range`; (ISL, OSL) `prefill_phase` in the first half of the run,
+    `decode_phase` in the second."""
+    rng = random.Random(seed)
+    horizon, out, t, peak = minutes * 60, [], 0.0, rate * 1.6
+    while True:
+        t += rng.expovariate(peak)
+        if t >= horizon:
+            return out
+        if rng.random() > (1 + 0.6 * math.sin(2 * math.pi * t / (horizon / 3))) / 1.6:
+            continue
+        isl, osl = prefill_phase if t < horizon / 2 else decode_phase
+        out.append(RequestSpec(tuple(rng.randrange(*token_range) for _ in range(isl)), osl, arrival_s=t))

@@ -525,15 +525,13 @@ class AppConfig(_Strict):
                     f"kv_cache.block_size={self.kv_cache.block_size}: {name} runs on CPU, "
                     f"where vLLM needs a multiple of {CPU_BLOCK_SIZE_MULTIPLE}"
                 )
-        kinds = {pool.engine.kind for pool in self.pools().values()}
-        if self.mode is ServingMode.DISAGGREGATED and "sglang" in kinds and len(kinds) > 1:
-            raise ValueError("an SGLang pool hands KV over only to or from another SGLang pool (a bootstrap "
-                             "rendezvous): prefill_pool and decode_pool must both be kind sglang")
-        for group in self.pool_groups:
-            kinds = {pool.engine.kind for pool in group.pools().values()}
-            if group.mode is ServingMode.DISAGGREGATED and "sglang" in kinds and len(kinds) > 1:
-                raise ValueError(f"pool_groups[{group.name}]: an SGLang pool hands KV over only to or from another "
-                                 "SGLang pool: its prefill_pool and decode_pool must both be kind sglang")
+        for group, pools in self.group_pools().items():
+            # Disaggregated SGLang pairs by a bootstrap rendezvous, which only SGLang engines speak.
+            kinds = {pool.engine.kind for pool in pools.values()}
+            if len(pools) > 1 and "sglang" in kinds and len(kinds) > 1:
+                where = "" if group == PRIMARY_GROUP else f"pool_groups[{group}]: "
+                raise ValueError(f"{where}an SGLang pool hands KV over only to or from another SGLang pool (a "
+                                 "bootstrap rendezvous): prefill_pool and decode_pool must both be kind sglang")
         if self.cluster is not None:
             from orchestrator.placement import check_layout
 

@@ -3,7 +3,7 @@
     observe    an Observation of the interval that ended (from the frontend)
     predict    the request rate, ISL, OSL and prefix hit rate of the next
                interval and of the interval that starts once a replica asked
-               for now is serving (`lookahead_s`, the replica start-up time),
+               for now is serving (`replica_startup_s`),
                the larger of the two; never a rate below the one just
                observed (too few replicas break the SLO at once, too many
                only cost until the next interval)
@@ -119,11 +119,6 @@ class SlaPlanner:
     disaggregated: bool = True
     gpus_per_replica: int = 1
     initial: tuple[int, int] = (1, 1)  # (prefill, decode) replicas at start
-    # Until PlannerConfig carries them: a new replica's start-up time (the
-    # prediction looks that far past the next interval too) and how many
-    # intervals of peak-to-mean ratios the burst headroom remembers.
-    lookahead_s: float = 0.0
-    peak_memory: int = 3
     _peaks: list[float] = field(default_factory=list, init=False)
     _peak_window_s: float | None = field(default=None, init=False)
     _backlog_s: float = field(default=0.0, init=False)  # the prefill queue at the last interval's end, in seconds
@@ -165,8 +160,8 @@ class SlaPlanner:
     @property
     def peak_ratio(self) -> float:
         """The burst headroom: the largest peak-to-mean ratio of the last
-        `peak_memory` intervals (1: none measured)."""
-        return max(self._peaks[-self.peak_memory:], default=1.0)
+        `peak_memory_intervals` intervals (1: none measured)."""
+        return max(self._peaks[-self.config.peak_memory_intervals:], default=1.0)
 
     def _observe(self, obs: Observation) -> None:
         p = self._predictors
@@ -184,7 +179,7 @@ class SlaPlanner:
         prefill_need, decode_need = self._propose(obs.request_rate, obs.mean_isl, obs.mean_osl, obs.prefix_hit_rate,
                                                   max(peak or 1.0, 1.0), corrected=False)
         if obs.requests and peak is not None:
-            self._peaks = (self._peaks + [peak])[-self.peak_memory:]
+            self._peaks = (self._peaks + [peak])[-self.config.peak_memory_intervals:]
         ready = {"prefill": obs.prefill_replicas, "decode": obs.decode_replicas}
         ttft_target, itl_target = self.sla.ttft_p99_ms / 1000, self.sla.itl_p50_ms / 1000
         # ... or inherited a queue it could not clear within the TTFT target
@@ -206,7 +201,7 @@ class SlaPlanner:
         """The busier of the next interval and the one that starts when a
         replica asked for now is serving."""
         p = self._predictors
-        later = 1 + (math.ceil(self.lookahead_s / obs.interval_s - 1e-9) if obs.interval_s > 0 else 0)
+        later = 1 + (math.ceil(self.config.replica_startup_s / obs.interval_s - 1e-9) if obs.interval_s > 0 else 0)
         steps = (1, later) if later > 1 else (1,)
         rate = max([p["rate"].predict(k) or 0.0 for k in steps] + [obs.request_rate])
         isl = max(p["isl"].predict(k) or obs.mean_isl for k in steps)
@@ -226,9 +221,8 @@ class SlaPlanner:
                                      self.max_num_seqs)
         prefill = _need(rate * uncached, prefill_cap)
         if peak_ratio > 1.0 and self._peak_window_s:
-            flat_out = uncached / prefill_service_s(self.perf, uncached)
             prefill = max(prefill, _need(rate * uncached * peak_ratio,
-                                         flat_out * (1 + ttft_target / self._peak_window_s)))
+                                         self._flat_out_tps(isl, hit) * (1 + ttft_target / self._peak_window_s)))
         decode = _need(rate * osl, decode_cap * self.config.decode_utilization)
         if corrected:
             prefill *= self._corrections["prefill"]
@@ -237,22 +231,25 @@ class SlaPlanner:
             return 0.0, prefill + decode
         return prefill, decode
 
+    def _flat_out_tps(self, isl: float, hit: float) -> float:
+        """Prompt tokens/s one prefill replica computes back to back at this ISL."""
+        uncached = max(isl * (1.0 - hit), 1.0)
+        return uncached / prefill_service_s(self.perf, uncached)
+
     def _drain_s(self, queued_tokens: float, replicas: int, isl: float, hit: float) -> float:
         """Seconds `replicas` prefill replicas flat out take to clear the queue."""
         if queued_tokens <= 0:
             return 0.0
         if replicas <= 0:
             return math.inf
-        uncached = max(isl * (1.0 - hit), 1.0)
-        return queued_tokens / (replicas * uncached / prefill_service_s(self.perf, uncached))
+        return queued_tokens / (replicas * self._flat_out_tps(isl, hit))
 
     def _backlog(self, queued_tokens: float, interval_s: float, isl: float, hit: float) -> float:
         """Replicas that compute the prompt tokens already queued within one
         interval, on top of the new load."""
         if queued_tokens <= 0 or interval_s <= 0:
             return 0.0
-        uncached = max(isl * (1.0 - hit), 1.0)
-        return queued_tokens / (interval_s * uncached / prefill_service_s(self.perf, uncached))
+        return queued_tokens / (interval_s * self._flat_out_tps(isl, hit))
 
     def _constrain(self, prefill_need: float, decode_need: float) -> tuple[int, int, str]:
         cfg = self.config

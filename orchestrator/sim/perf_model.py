@@ -220,35 +220,18 @@ class ProfileModel:
 
 
 def _fit_decode(points: dict[int, list[tuple[int, float]]]) -> tuple[float, float, float] | None:
-    """Least squares: step = a + b * batch + c * batch * context (non-negative b, c)."""
-    rows = [(batch, context, seconds) for batch, pts in points.items() for context, seconds in pts]
+    """Least squares: step = a + b * batch + c * batch * context (b, c clipped at 0)."""
+    import numpy as np
+
+    rows = np.array([(batch, context, seconds) for batch, pts in points.items() for context, seconds in pts],
+                    dtype=float)
     if len(rows) < 3:
         return None
-    # Normal equations of a 3-parameter linear model, solved directly (no numpy in the core).
-    xs = [(1.0, float(bt), float(bt * ctx)) for bt, ctx, _ in rows]
-    ys = [s for _, _, s in rows]
-    ata = [[sum(x[i] * x[j] for x in xs) for j in range(3)] for i in range(3)]
-    aty = [sum(x[i] * y for x, y in zip(xs, ys)) for i in range(3)]
-    try:
-        a, b, c = _solve3(ata, aty)
-    except ZeroDivisionError:
+    design = np.column_stack([np.ones(len(rows)), rows[:, 0], rows[:, 0] * rows[:, 1]])
+    (a, b, c), _, rank, _ = np.linalg.lstsq(design, rows[:, 2], rcond=None)
+    if rank < 3:
         return None
-    return (a, max(b, 0.0), max(c, 0.0))
-
-
-def _solve3(m: list[list[float]], v: list[float]) -> tuple[float, float, float]:
-    """Gaussian elimination with partial pivoting for a 3x3 system."""
-    a = [row[:] + [rhs] for row, rhs in zip(m, v)]
-    for col in range(3):
-        pivot = max(range(col, 3), key=lambda r: abs(a[r][col]))
-        if abs(a[pivot][col]) < 1e-30:
-            raise ZeroDivisionError
-        a[col], a[pivot] = a[pivot], a[col]
-        for r in range(3):
-            if r != col:
-                f = a[r][col] / a[col][col]
-                a[r] = [x - f * y for x, y in zip(a[r], a[col])]
-    return tuple(a[i][3] / a[i][i] for i in range(3))  # type: ignore[return-value]
+    return (float(a), max(float(b), 0.0), max(float(c), 0.0))
 
 
 def _interp(points: list[tuple[float, float]], x: float) -> float:

@@ -206,3 +206,16 @@ def test_the_layout_check_counts_every_group():
     AppConfig.model_validate(cfg)
     cfg["pool_groups"] = [{"name": "sg", "decode_pool": {"engine": {"kind": "sglang"}}}]
     assert "need 9 GPUs" in _error(cfg) and "sg_decode_pool 1x1" in _error(cfg)
+
+
+@pytest.mark.parametrize("in_group", [False, True], ids=["primary", "group"])
+def test_an_sglang_pool_pairs_only_with_an_sglang_pool(in_group):
+    from orchestrator.config import AppConfig
+
+    mixed = {"prefill_pool": {"engine": {"kind": "sglang"}}, "decode_pool": {"engine": {"kind": "vllm"}}}
+    gpu = {"engine": {"kind": "vllm"}}
+    args = {"model": {"name": "m", "source": "org/m", "max_model_len": 4096}}
+    args |= {"decode_pool": gpu, "pool_groups": [{"name": "sg", **mixed}]} if in_group else mixed
+    with pytest.raises(ValueError, match="must both be kind sglang") as e:
+        AppConfig.model_validate(args)
+    assert ("pool_groups[sg]" in str(e.value)) is in_group

@@ -22,11 +22,11 @@ SLA = SlaConfig(ttft_p99_ms=600, itl_p50_ms=30)
 LOAD = dict(interval_s=10, requests=200, mean_isl=1000, mean_osl=200)  # 20k prompt tokens/s: 3 prefill, 6 decode
 
 
-def planner(predictor: str = "constant", **kwargs) -> SlaPlanner:
+def planner(predictor: str = "constant", **config_fields) -> SlaPlanner:
     config = PlannerConfig(mode="advisory", predictor=predictor, decode_utilization=1.0,
                            prefill=PoolBounds(min_replicas=1, max_replicas=20),
-                           decode=PoolBounds(min_replicas=1, max_replicas=20))
-    return SlaPlanner(config, SLA, PROFILE, kv_capacity_tokens=None, max_num_seqs=256, **kwargs)
+                           decode=PoolBounds(min_replicas=1, max_replicas=20), **config_fields)
+    return SlaPlanner(config, SLA, PROFILE, kv_capacity_tokens=None, max_num_seqs=256)
 
 
 def test_predictors_look_several_intervals_ahead():
@@ -43,7 +43,7 @@ def test_predictors_look_several_intervals_ahead():
 
 def test_the_planner_sizes_for_the_interval_after_start_up():
     # 10 s intervals, 20 s start-up: the rate 3 intervals ahead, when it is the larger.
-    ahead, now, reference = planner("kalman", lookahead_s=20), planner("kalman"), KalmanTrendPredictor()
+    ahead, now, reference = planner("kalman", replica_startup_s=20), planner("kalman"), KalmanTrendPredictor()
     for rate in (10, 20, 30, 40, 50, 60):
         obs = Observation(interval_s=10, requests=rate * 10, mean_isl=1000, mean_osl=200)
         reference.observe(obs.request_rate)
@@ -67,7 +67,7 @@ def test_bursts_size_prefill_for_the_peak():
 
 
 def test_burst_headroom_is_remembered_for_a_few_intervals():
-    p = planner(peak_memory=2)
+    p = planner(peak_memory_intervals=2)
     p.step(Observation(**LOAD, peak_prompt_tps=40_000, peak_window_s=3))
     flat = Observation(**LOAD, peak_prompt_tps=20_000, peak_window_s=3)  # peak = mean
     assert [p.step(flat).peak_ratio for _ in range(2)] == [pytest.approx(2.0), 1.0]
