@@ -1,10 +1,14 @@
 """Check `orchestrator bench` against an independent harness, NVIDIA's AIPerf.
 
-Both drive the same server with the same workload: fixed ISL and OSL, random
-token prompts, ignore_eos, streaming completions, fixed concurrency, token
-counts from the server's usage (`--use-server-token-count`). They run
-alternately (ours, AIPerf, ours, AIPerf) so machine drift hits both; TTFT,
-TPOT and throughput are compared as ratios.
+Both drive the same server with the same workload: fixed ISL and OSL, text
+prompts the server tokenizes (AIPerf's synthetic text; ours whole-word
+tokens sent as text, `--prompts ids` for token ids), ignore_eos, streaming
+completions, fixed concurrency, token counts from the server's usage
+(`--use-server-token-count`), a new seed every run (the server's prefix cache
+would hold a repeated run's prompts). After a warm-up run of ours (a fresh
+server is slower for its first minute), they run alternately, who goes first
+alternating too (ours, AIPerf, AIPerf, ours, ...), so drift hits both;
+TTFT, TPOT and throughput are compared as ratios.
 
 Definitions line up (read from AIPerf 0.13.0's source): TTFT = first content
 chunk - request start on both sides; AIPerf's "inter_token_latency" is per
@@ -34,6 +38,12 @@ our harness measures. AIPerf set-ups (`--real-modes`):
               spinning; a freed slot is refilled within ~1 ms.
   niced       the same without the rate ceiling, the busy process at nice 19.
   as-shipped  AIPerf's defaults (what the first cross-check ran).
+
+`--pin`: the server (every process it starts: Ray, the engine, the
+frontend) on CPU 0 and the load generators (our harness, every AIPerf
+process) on CPU 1, so the CPU a tool spends on itself (AIPerf: ~12 CPU
+seconds a run in five processes; ours ~2) is never taken from the server it
+measures. Processes inherit the affinity of the process that forks them.
 
 The JSON keeps each run's CPU seconds per load-generator process, the
 concurrency each tool actually kept and AIPerf's end-to-next-send gap.
@@ -129,6 +139,20 @@ app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]),
                         Route("/health", models)])
 uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 '''
+
+
+@contextlib.contextmanager
+def pinned(cpus: set[int] | None):
+    """Processes started inside run on `cpus` (None: no change); this process returns to its CPUs after."""
+    if cpus is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, cpus)
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
 
 
 def hf_cache(home: Path) -> Path:
@@ -228,7 +252,7 @@ class ProcessWatch:
         return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
-def run_aiperf(url: str, args, out_dir: Path, hf_home: Path, mode: str, concurrency: int) -> dict:
+def run_aiperf(url: str, args, out_dir: Path, hf_home: Path, mode: str, concurrency: int, seed: int) -> dict:
     aiperf = peers.PEERS_DIR / "aiperf" / "bin" / "aiperf"
     cmd = [str(aiperf), "profile", "--model", "tiny-llama", "--url", url, "--endpoint-type", "completions",
            "--streaming", "--concurrency", str(concurrency), "--request-count", str(args.requests),
@@ -237,7 +261,9 @@ def run_aiperf(url: str, args, out_dir: Path, hf_home: Path, mode: str, concurre
            "--extra-inputs", "ignore_eos:true", "--extra-inputs", "min_tokens:" + str(args.osl),
            "--extra-inputs", "temperature:0",  # greedy, as our harness sends
            "--tokenizer", HF_REPO, "--artifact-dir", str(out_dir), "--warmup-request-count", "4",
-           "--random-seed", "0",
+           # A new seed every run, as ours: the same seed gives the same prompts, and the server's
+           # prefix cache (524k tokens) still holds the last run's, so its TTFT would be a cache hit's.
+           "--random-seed", str(seed), "--num-dataset-entries", str(args.requests + 4),
            # Count tokens from the server's usage, as our harness does: re-tokenizing the
            # streamed text with a 618-word vocabulary gives other counts than the ids generated.
            "--use-server-token-count"]
@@ -304,9 +330,9 @@ def _load_shape(jsonl: Path) -> dict:
             "end_to_next_send_ms_p50": gaps[len(gaps) // 2] * 1000 if gaps else None}
 
 
-def run_ours(url: str, args, pool: TokenPool, seed: int, concurrency: int) -> dict:
+def run_ours(url: str, args, pool: TokenPool, seed: int, concurrency: int, detokenize=None) -> dict:
     workload = SyntheticWorkload(LengthDist(args.isl), LengthDist(args.osl), pool, seed=seed)
-    target = Target(url, "tiny-llama")
+    target = Target(url, "tiny-llama", detokenize=detokenize)
     asyncio.run(run_concurrency(target, workload.requests(4), 4))
     before = resource.getrusage(resource.RUSAGE_SELF)
     records, duration = asyncio.run(run_concurrency(target, workload.requests(4 + args.requests)[4:], concurrency))
@@ -351,10 +377,22 @@ def main() -> None:
     p.add_argument("--merge", action="store_true",
                    help="add this run's results to those in --out (keys suffixed with --tag) instead of replacing them")
     p.add_argument("--tag", default="", help="suffix for this run's result keys, e.g. '-repeat'")
+    p.add_argument("--prompts", choices=["text", "ids"], default="text",
+                   help="what our harness sends: text (as AIPerf does; the server tokenizes it) or token ids")
+    p.add_argument("--warm-up-requests", type=int, default=100,
+                   help="a first run of ours on a fresh server, not counted (a cold server is slower for a minute)")
+    p.add_argument("--pin", action="store_true",
+                   help="server on CPU 0, load generators on CPU 1 (each tool's own CPU use not taken from the server)")
     args = p.parse_args()
+    server_cpus, client_cpus = ({0}, {1}) if args.pin else (None, None)
     make_tiny_model(peers.MODEL_DIR)
     peers.ensure_venv("aiperf", [f"aiperf=={AIPERF_VERSION}"], constrained=False)
-    pool = TokenPool.vocabulary(len(load_tokenizer(str(peers.MODEL_DIR))))
+    tokenizer = load_tokenizer(str(peers.MODEL_DIR))
+    if args.prompts == "text":
+        # Text the server tokenizes, as AIPerf sends: whole-word tokens, so that the length is exact.
+        pool, detokenize = TokenPool.words(tokenizer), (lambda ids: tokenizer.decode(list(ids)))
+    else:
+        pool, detokenize = TokenPool.vocabulary(len(tokenizer)), None
     work = Path(args.out).with_suffix("")
     work.mkdir(parents=True, exist_ok=True)
     hf_home = hf_cache(work / "hf")
@@ -374,30 +412,53 @@ def main() -> None:
         key += args.tag
         started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         rounds = []
+        with pinned(client_cpus):
+            if args.warm_up_requests:
+                warm = argparse.Namespace(**{**vars(args), "requests": args.warm_up_requests})
+                run_ours(url, warm, pool, seed=999, concurrency=args.concurrency, detokenize=detokenize)
         for i in range(args.rounds):
-            ours = run_ours(url, args, pool, seed=i, concurrency=args.concurrency)
-            theirs = run_aiperf(url, args, work / f"{key}-{i}", hf_home, mode, args.concurrency)
-            rounds.append({"ours": ours, "aiperf": theirs})
+            # Alternate who goes first (ours, AIPerf, AIPerf, ours, ...): a server drifting over the run
+            # favours neither.
+            with pinned(client_cpus):
+                def ours():
+                    return run_ours(url, args, pool, seed=i, concurrency=args.concurrency, detokenize=detokenize)
+
+                def theirs():
+                    return run_aiperf(url, args, work / f"{key}-{i}", hf_home, mode, args.concurrency, seed=1000 + i)
+
+                if i % 2 == 0:
+                    result = {"ours": ours(), "aiperf": theirs()}
+                else:
+                    result = {"aiperf": theirs(), "ours": ours()}
+            rounds.append(result)
             print(key, json.dumps(rounds[-1]), flush=True)
         results[key] = compare(rounds) | {"started_at": started}
         print(key, json.dumps(results[key]["ratio_ours_over_aiperf"]), flush=True)
 
     servers = args.servers.split(",")
     if "fixed" in servers:
-        with fixed_server(args.fixed_ttft_ms, args.fixed_itl_ms, work / "fixed-server.log") as url:
+        with contextlib.ExitStack() as stack:
+            with pinned(server_cpus):
+                url = stack.enter_context(fixed_server(args.fixed_ttft_ms, args.fixed_itl_ms, work / "fixed-server.log"))
             alternate(url, "fixed-fair", "fair")
             results["fixed-fair" + args.tag]["expected"] = {
                 "ttft_ms": args.fixed_ttft_ms, "tpot_ms": args.fixed_itl_ms,
                 "request_throughput_upper_bound": args.concurrency * 1000
                 / (args.fixed_ttft_ms + (args.osl - 1) * args.fixed_itl_ms)}
     if "real" in servers:
-        with peers.ours(peers.app_args("agg-cpu.yaml"), work / "server.log") as url:
+        with contextlib.ExitStack() as stack:
+            with pinned(server_cpus):
+                url = stack.enter_context(peers.ours(peers.app_args("agg-cpu.yaml"), work / "server.log"))
             for mode in args.real_modes.split(","):
                 alternate(url, f"real-{mode}", mode)
     doc = {"benchmark": "aiperf_crosscheck", "version": 2, "hardware": hardware(), "aiperf": AIPERF_VERSION,
            "workload": {"isl": args.isl, "osl": args.osl, "concurrency": args.concurrency, "requests": args.requests,
-                        "prompts": "random token ids (ours), AIPerf's synthetic text of the same token count",
-                        "ignore_eos": True, "temperature": 0, "endpoint": "/v1/completions, streaming"},
+                        "prompts": (f"ours: {args.prompts} ({'whole-word tokens as text' if args.prompts == 'text' else 'random token ids'}); "
+                                    "AIPerf: its synthetic text of the same token count"),
+                        "warm_up_requests": args.warm_up_requests, "order": "alternating (ours first in even rounds)",
+                        "ignore_eos": True, "temperature": 0, "endpoint": "/v1/completions, streaming",
+                        "pinned": {"server_cpus": sorted(server_cpus), "load_generator_cpus": sorted(client_cpus)}
+                        if args.pin else None},
            "servers": {"fixed": f"sleeps: TTFT {args.fixed_ttft_ms} ms, then a token every {args.fixed_itl_ms} ms",
                        "real": "ours, configs/agg-cpu.yaml"},
            "results": kept | results, "history": history}

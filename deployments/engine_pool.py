@@ -18,6 +18,11 @@ from orchestrator.planner.observer import ReplicaLoadWindow
 from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
 
 log = logging.getLogger("ray.serve")
+# The width of the planner's peak buckets (Observation.peak_window_s): the
+# simulator experiments' default (`orchestrator experiment autoscale
+# --peak-window-s`); PlannerConfig has no field for it. Replicas report it
+# with their buckets, so the controller reads it from there.
+PEAK_WINDOW_S = 2.0
 
 
 @serve.deployment
@@ -31,7 +36,8 @@ class EnginePool:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.engine = create_engine(app, pool, self.role, host)
         # What the SLA planner observes of this replica; None (nothing recorded) with the planner off.
-        self.window = ReplicaLoadWindow(app.planner.interval_s) if app.planner.mode is not PlannerMode.OFF else None
+        self.window = (ReplicaLoadWindow(app.planner.interval_s, peak_window_s=PEAK_WINDOW_S)
+                       if app.planner.mode is not PlannerMode.OFF else None)
         self.info = await self.engine.start()
         log.info("%s replica %s ready: %s", self.role.value, self.replica_id, self.info)
 
@@ -43,29 +49,38 @@ class EnginePool:
                 yield chunk
             return
         window, start = self.window, time.monotonic()
-        window.arrived(len(request.prompt_token_ids))
+        # Queued in this replica until its first token, or until the stream
+        # ends any other way (error, client gone: the finally).
+        key = window.arrived(len(request.prompt_token_ids))
         first, last, outputs, cached = None, start, 0, 0
-        async for chunk in self.engine.generate(request):
-            n = len(chunk.token_ids)
-            if n:
-                now = time.monotonic()
-                if first is None:
-                    first = now - start
-                    # Prompts prefilled elsewhere count their cache hits there.
-                    cached = chunk.num_cached_tokens if request.kv_transfer is None else 0
-                else:
-                    window.token_gap((now - last) / n)
-                last, outputs = now, outputs + n
-            yield chunk
-        window.finished(outputs, cached, first)
+        try:
+            async for chunk in self.engine.generate(request):
+                n = len(chunk.token_ids)
+                if n:
+                    now = time.monotonic()
+                    if first is None:
+                        first = now - start
+                        window.prompt_done(key)
+                        # Prompts prefilled elsewhere count their cache hits there.
+                        cached = chunk.num_cached_tokens if request.kv_transfer is None else 0
+                    else:
+                        window.token_gap((now - last) / n)
+                    last, outputs = now, outputs + n
+                yield chunk
+            window.finished(outputs, cached, first)
+        finally:
+            window.prompt_done(key)
 
     async def prefill(self, request: EngineRequest) -> PrefillResult:
-        start = time.monotonic()
-        if self.window is not None:
-            self.window.arrived(len(request.prompt_token_ids))
-        result = await self.engine.prefill(request)
-        if self.window is not None:
-            self.window.finished(0, result.num_cached_tokens, time.monotonic() - start)
+        if self.window is None:
+            return dataclasses.replace(await self.engine.prefill(request), replica_id=self.replica_id)
+        window, start = self.window, time.monotonic()
+        key = window.arrived(len(request.prompt_token_ids))  # queued until the prefill returns, however
+        try:
+            result = await self.engine.prefill(request)
+        finally:
+            window.prompt_done(key)
+        window.finished(0, result.num_cached_tokens, time.monotonic() - start)
         return dataclasses.replace(result, replica_id=self.replica_id)
 
     # -- reports --------------------------------------------------------------
@@ -81,7 +96,9 @@ class EnginePool:
         return self.info.to_dict()
 
     def record_autoscaling_stats(self) -> dict[str, float]:
-        """Custom autoscaling metrics: what the SLA planner observes of this replica."""
+        """Custom autoscaling metrics: what the SLA planner observes of this
+        replica (`ReplicaLoadWindow.snapshot`: windowed rates and latencies,
+        the prompt tokens queued now, prompt tokens per peak bucket)."""
         return {} if self.window is None else self.window.snapshot(waiting=self.engine.stats().num_waiting)
 
     def record_routing_stats(self) -> dict[str, Any]:

@@ -10,6 +10,22 @@ through `record_autoscaling_stats`); once an interval has passed it builds
 an Observation from both and decides both counts together. In advisory mode
 it logs the decision and leaves the counts as they are.
 
+Besides the windowed metrics (aggregated by Serve over its look-back,
+`max`), two observations are read from each replica's latest report alone
+(`ctx.raw_metrics`), as the simulator reads them at the interval's end:
+  prefill_queued_tokens  the prompt tokens of requests the prefill pool's
+                         replicas hold with no first token yet (the whole
+                         prompt: a prompt half computed in chunks, or partly
+                         in the prefix cache, counts in full);
+  peak_prompt_tps        over the decode pool's replicas, which every request
+                         reaches (the same arrivals as the interval's mean
+                         prompt tokens/s): per peak bucket the sum of the
+                         replicas' prompt tokens, the largest over the
+                         newest buckets of one interval
+                         (observer.pool_peak_prompt_tps; the sum of the
+                         replicas' own peaks, an upper bound, where their
+                         reports share no bucket).
+
 Scale-down: Serve stops routing to a replica it removes and waits up to the
 pool's `graceful_shutdown_timeout_s` for its in-flight requests; the
 frontend's KV index drops the replica when it leaves the live set.
@@ -17,13 +33,14 @@ frontend's KV index drops the replica when it leaves the live set.
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
 import time
 from typing import Any
 
 from orchestrator.config import AppConfig, Device, PlannerMode
-from orchestrator.planner.observer import MISSING
+from orchestrator.planner.observer import MISSING, pool_peak_prompt_tps
 from orchestrator.planner.planner import Observation, ScalingDecision, SlaPlanner
 
 log = logging.getLogger("ray.serve")
@@ -60,6 +77,7 @@ class _Coordinator:
         self.app = app
         self.planner = make_planner(app)
         self.metrics: dict[str, dict[str, dict[Any, float]]] = {}  # pool -> metric -> replica -> value
+        self.latest: dict[str, dict[Any, dict[str, float]]] = {}  # pool -> replica -> its latest report
         self.ready: dict[str, int] = {}
         self.last_step: float | None = None
         self.decision: ScalingDecision | None = None
@@ -67,6 +85,7 @@ class _Coordinator:
 
     def update(self, pool: str, ctx: Any) -> None:
         self.metrics[pool] = ctx.aggregated_metrics or {}
+        self.latest[pool] = _latest_reports(getattr(ctx, "raw_metrics", None), self.metrics[pool])
         self.ready[pool] = ctx.current_num_replicas
 
     def decide(self, pool: str, now: float, current_target: int) -> int:
@@ -89,6 +108,8 @@ class _Coordinator:
     def observation(self, interval_s: float) -> Observation:
         decode = self.metrics.get("decode_pool", {})
         prefill = self.metrics.get("prefill_pool", {})
+        decode_reports = list(self.latest.get("decode_pool", {}).values())
+        peak = pool_peak_prompt_tps(decode_reports)
         rate = _total(decode, "arrival_rate")
         prompt = _total(decode, "prompt_tokens")
         cached = _total(decode, "cached_tokens") + _total(prefill, "cached_tokens")
@@ -108,7 +129,36 @@ class _Coordinator:
             decode_replicas=self.ready.get("decode_pool", 0),
             prefill_waiting=round(_total(prefill, "waiting")),
             decode_waiting=round(_total(decode, "waiting")),
+            prefill_queued_tokens=sum(r.get("queued_prompt_tokens", 0.0)
+                                      for r in self.latest.get("prefill_pool", {}).values()),
+            peak_prompt_tps=peak,
+            peak_window_s=_peak_window(decode_reports) if peak is not None else None,
         )
+
+
+def _latest_reports(raw: dict[str, dict[Any, list]] | None,
+                    aggregated: dict[str, dict[Any, float]]) -> dict[Any, dict[str, float]]:
+    """Each replica's latest report: per metric its newest value (a replica
+    reports all its metrics at once, with one timestamp, so these are one
+    report's). Without raw time series (not given by this Serve), the
+    aggregated values stand in: bucket counts then may mix two reports
+    across a bucket boundary (a peak off by a bucket)."""
+    reports: dict[Any, dict[str, float]] = {}
+    if raw:
+        for name, series_by_replica in raw.items():
+            for replica, series in series_by_replica.items():
+                if series:
+                    reports.setdefault(replica, {})[name] = max(series, key=lambda p: p.timestamp).value
+        return reports
+    for name, by_replica in aggregated.items():
+        for replica, value in by_replica.items():
+            reports.setdefault(replica, {})[name] = value
+    return reports
+
+
+def _peak_window(reports: list[dict[str, float]]) -> float | None:
+    widths = [r["peak_window_s"] for r in reports if r.get("peak_window_s")]
+    return max(widths) if widths else None
 
 
 def _values(metrics: dict[str, dict[Any, float]], name: str) -> list[float]:
@@ -160,11 +210,15 @@ class _Gauges:
                 "desired_replicas": "Replicas the planner asks for.",
                 "ready_replicas": "Replicas serving.",
                 "correction": "Planner correction factor (observed vs target latency).",
+                "queued_prompt_tokens": "Prompt tokens the pool's replicas held with no first token yet.",
+                "peak_ratio": "Peak over mean prompt tokens/s the prefill pool was sized for.",
             }
             self._gauges = {k: Gauge(f"orchestrator_planner_{k}", v, tag_keys=("pool",)) for k, v in names.items()}
         g = self._gauges
         g["observed_rate"].set(obs.request_rate, tags={"pool": "all"})
         g["predicted_rate"].set(decision.predicted_rate, tags={"pool": "all"})
+        g["queued_prompt_tokens"].set(obs.prefill_queued_tokens, tags={"pool": "prefill"})
+        g["peak_ratio"].set(decision.peak_ratio, tags={"pool": "prefill"})
         for pool, proposed, desired, correction in (
                 ("prefill", decision.proposed_prefill, decision.prefill, decision.prefill_correction),
                 ("decode", decision.proposed_decode, decision.decode, decision.decode_correction)):
@@ -174,7 +228,20 @@ class _Gauges:
             g["ready_replicas"].set(ready.get(f"{pool}_pool", 0), tags={"pool": pool})
 
 
+# The process's coordinators, one per application: read through `_coordinators()`.
 _COORDINATORS: dict[str, _Coordinator] = {}
+
+
+def _coordinators() -> dict[str, _Coordinator]:
+    """The registry of this module as imported by reference, looked up at
+    call time. Serve pickles a custom policy's module by value, and a class
+    rebuilt from such a pickle is pickled by value again whenever the
+    controller pickles the policy, with the current values of the globals
+    it uses: a global registry would be copied with its coordinators, and
+    the pools' policies end up with two planners for one application (seen:
+    after a pool scaled, one planner stepped with the other pool's metrics
+    90 s stale). Same reason as deployments.router_registry."""
+    return importlib.import_module("deployments.planner_policy")._COORDINATORS
 
 
 class SlaPlannerPolicy:
@@ -186,9 +253,10 @@ class SlaPlannerPolicy:
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         key = ctx.app_name or ""
-        coordinator = _COORDINATORS.get(key)
+        coordinators = _coordinators()
+        coordinator = coordinators.get(key)
         if coordinator is None or coordinator.app != self.app:  # first tick, or the app was redeployed
-            coordinator = _COORDINATORS[key] = _Coordinator(self.app)
+            coordinator = coordinators[key] = _Coordinator(self.app)
         coordinator.update(self.pool, ctx)
         now = ctx.current_time if ctx.current_time is not None else time.time()
         target = coordinator.decide(self.pool, now, ctx.target_num_replicas)

@@ -67,6 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="planner: window of the peak prompt tokens/s it sizes prefill for (0: mean load only)")
     p.add_argument("--no-backlog", action="store_true", help="planner: ignore prompt tokens queued for prefill")
     p.add_argument("--predictor", choices=["constant", "moving_average", "kalman", "seasonal"], default="kalman")
+    p.add_argument("--trend-damping", type=float, default=PlannerConfig().trend_damping,
+                   help="planner, kalman predictor: damping of the trend over the look-ahead (1: undamped)")
     p.add_argument("--policies", default="planner,oracle,ray-default,ray-tuned,static")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
@@ -312,7 +314,8 @@ def run_experiment(args: argparse.Namespace) -> int:
 
     def planner(initial: tuple[int, int] = (1, 1)) -> SlaPlanner:
         config = PlannerConfig(mode="act", interval_s=args.interval_s, predictor=args.predictor, prefill=bounds,
-                               decode=bounds, scale_down_intervals=scale_down, replica_startup_s=lookahead)
+                               decode=bounds, scale_down_intervals=scale_down, replica_startup_s=lookahead,
+                               trend_damping=args.trend_damping)
         return SlaPlanner(config, sla, perf, blocks * block_size, initial=initial)
 
     # Every autoscaled run starts from the pools the first minute of load needs
@@ -373,7 +376,8 @@ def run_experiment(args: argparse.Namespace) -> int:
            "horizon_s": horizon, "sla": sla.model_dump(), "gpu": args.gpu, "model": args.sim_model,
            "interval_s": args.interval_s, "startup_s": args.startup_s, "predictor": args.predictor,
            "planner": {"lookahead_s": lookahead, "scale_down_intervals": scale_down, "peak_window_s": peak_window,
-                       "backlog": not args.no_backlog},
+                       "backlog": not args.no_backlog, "trend_damping": args.trend_damping,
+                       "correction_after_intervals": PlannerConfig().correction_after_intervals},
            "results": results, "series": series,
            "load": [{"t": t, "rate": f.request_rate, "isl": f.mean_isl, "osl": f.mean_osl}
                     for t in range(0, int(horizon), int(args.interval_s))

@@ -1,5 +1,10 @@
 """`orchestrator profile`: measure one engine configuration, in process,
-through the same `Engine` interface the pools use (real vLLM, or simulated).
+through the same `Engine` interface the pools use (real vLLM, or simulated),
+or as served (`--url`: an OpenAI-compatible server of that engine, measured
+from outside with streaming completions, as a client sees it: its HTTP, its
+own scheduling and streaming, and on a small machine the CPU the server
+takes from the engine are in every point; what a simulator of the served
+engine has to reproduce).
 
     prefill  batch 1, unique prompts of each ISL in the grid, max_tokens 1:
              TTFT = time to the first token (median of `repeats`)
@@ -8,8 +13,10 @@ through the same `Engine` interface the pools use (real vLLM, or simulated).
              time until the last first token; with the batch-1 times this
              gives the step's fixed cost, paid once for all k
     decode   `batch` requests with `context`-token prompts decoding together:
-             step time = median gap between a request's tokens once all of
-             them are decoding (prefill steps excluded), per (batch, context)
+             step time = per request, the time over the tokens it received
+             once all of them were decoding (prefill steps excluded; a served
+             stream may carry several tokens in one chunk, so not the gaps
+             between chunks), median over the requests; per (batch, context)
              with batch x (context + output) within the KV capacity
 
 Writes a versioned profile (`orchestrator-profile/1`: model, engine and
@@ -28,11 +35,12 @@ import os
 import random
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.bench import hardware
-from orchestrator.config import AppConfig, load_app_config
+from orchestrator.config import AppConfig, Device, load_app_config
 from orchestrator.engines import create_engine, process_env
 from orchestrator.engines.base import Engine, EngineInfo, EngineRole
 from orchestrator.requests import EngineRequest, SamplingSpec
@@ -42,6 +50,7 @@ SCHEMA = "orchestrator-profile/1"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="a Serve config; its decode pool's engine is profiled")
+    p.add_argument("--url", help="profile this running OpenAI-compatible server of that engine instead (as served)")
     p.add_argument("--pool", choices=["decode_pool", "prefill_pool"], default="decode_pool")
     p.add_argument("--model-dir", help="override model.source (e.g. the tiny model's directory)")
     p.add_argument("--isl", default="128,256,512,1024,2048", help="prefill grid (prompt tokens)")
@@ -95,11 +104,90 @@ async def measure_prefill_batch(engine: Engine, prompts: _Prompts, batch: int, i
     return statistics.median(samples)
 
 
-async def measure_decode(engine: Engine, prompts: _Prompts, batch: int, context: int, tokens: int) -> float:
+async def measure_decode(engine: Engine, prompts: _Prompts, batch: int, context: int, tokens: int,
+                         repeats: int = 1) -> float:
+    """Median over `repeats` runs of `batch` sequences decoding together."""
+    return statistics.median([await _decode_step(engine, prompts, batch, context, tokens) for _ in range(repeats)])
+
+
+async def _decode_step(engine: Engine, prompts: _Prompts, batch: int, context: int, tokens: int) -> float:
     runs = await asyncio.gather(*(_token_times(engine, prompts.request(context, tokens)) for _ in range(batch)))
     all_decoding = max(t[0] for t in runs)  # every sequence has its prompt done
-    gaps = [b - a for t in runs for a, b in zip(t, t[1:]) if a >= all_decoding]
-    return statistics.median(gaps) if gaps else float("nan")
+    steps = []
+    for times in runs:
+        # From the first chunk after every prompt is done: the tokens that came after it, over the time they
+        # took (a chunk's tokens were made before it left, so counting those of the first chunk would not do).
+        window = [t for t in times if t >= all_decoding]
+        later = [t for t in window if t > window[0]] if window else []
+        if later:
+            steps.append((later[-1] - window[0]) / len(later))
+    return statistics.median(steps) if steps else float("nan")
+
+
+@dataclass(frozen=True)
+class _Chunk:
+    token_ids: list[int]
+
+
+class ServedEngine:
+    """A running OpenAI-compatible server of the engine, as the profiler's
+    `Engine`: streaming completions of token-id prompts (`return_token_ids`:
+    how many tokens each chunk carries), ignore_eos. Its block size and KV
+    capacity come from the server's Prometheus `cache_config_info` (vLLM,
+    when it logs stats), else the block size is the config's and the
+    capacity is left to the caller (None)."""
+
+    def __init__(self, url: str, model: str, block_size: int) -> None:
+        import httpx
+
+        self.url = url.rstrip("/")
+        self.model = model
+        self.block_size = block_size
+        self.client = httpx.AsyncClient(timeout=600, limits=httpx.Limits(max_connections=256))
+
+    async def start(self) -> EngineInfo:
+        version = (await self.client.get(f"{self.url}/version")).json().get("version", "unknown")
+        cache = _cache_config((await self.client.get(f"{self.url}/metrics")).text)
+        return EngineInfo(role=EngineRole.AGGREGATED, engine_kind="vllm (served)", engine_version=version,
+                          engine_id=self.url, model=self.model, block_size=int(cache.get("block_size", self.block_size)),
+                          max_model_len=1 << 20, host=self.url,
+                          kv_capacity_blocks=int(cache["num_gpu_blocks"]) if "num_gpu_blocks" in cache else None)
+
+    async def generate(self, request: EngineRequest):
+        from harness.client import RequestRecord, stream_events
+
+        body = {"model": self.model, "prompt": list(request.prompt_token_ids), "stream": True,
+                "max_tokens": request.sampling.max_tokens, "temperature": 0.0, "ignore_eos": True,
+                "return_token_ids": True}
+        record = RequestRecord(ok=False, start_s=time.perf_counter())
+        async for event in stream_events(self.client, f"{self.url}/v1/completions", body, record):
+            ids = ((event.get("choices") or [{}])[0]).get("token_ids") or []
+            if ids:
+                yield _Chunk(list(ids))
+        if record.error:
+            raise RuntimeError(f"{self.url}: {record.error}")
+
+    def shutdown(self) -> None:
+        pass  # the server is not ours; the client closes with the event loop
+
+
+def _cache_config(metrics_text: str) -> dict[str, str]:
+    """The labels of vLLM's `vllm:cache_config_info` gauge ({} if absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(metrics_text):
+        if family.name == "vllm:cache_config_info":
+            for sample in family.samples:
+                return dict(sample.labels)
+    return {}
+
+
+def _configured_capacity(app: AppConfig, pool, info: EngineInfo) -> int:
+    """KV tokens the config gives a CPU engine (its `kv_cache_gib`); 0 where the engine sizes its own."""
+    cpu = getattr(pool.engine, "cpu", None)
+    if cpu is None or getattr(pool.engine, "device", None) is not Device.CPU:
+        return 0
+    return int(cpu.kv_cache_gib * 2**30) // kv_bytes_per_token(app, info)
 
 
 def kv_bytes_per_token(app: AppConfig, info: EngineInfo) -> int:
@@ -115,15 +203,18 @@ def kv_bytes_per_token(app: AppConfig, info: EngineInfo) -> int:
 
 async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> dict[str, Any]:
     pool = getattr(app, pool_name)
-    os.environ.update(process_env(app, pool))
-    engine = create_engine(app, pool, EngineRole.AGGREGATED, "127.0.0.1")
+    if getattr(args, "url", None):
+        engine = ServedEngine(args.url, app.model.name, app.kv_cache.block_size)
+    else:
+        os.environ.update(process_env(app, pool))
+        engine = create_engine(app, pool, EngineRole.AGGREGATED, "127.0.0.1")
     info = await engine.start()
     try:
         from orchestrator.prompts import load_tokenizer
 
         vocab = len(await asyncio.to_thread(load_tokenizer, app.model.tokenizer_source))
         prompts = _Prompts(vocab, args.seed)
-        capacity_tokens = (info.kv_capacity_blocks or 0) * info.block_size
+        capacity_tokens = (info.kv_capacity_blocks or 0) * info.block_size or _configured_capacity(app, pool, info)
         await measure_prefill(engine, prompts, 64, 2)  # warm-up
         prefill = []
         for isl in (int(x) for x in args.isl.split(",")):
@@ -145,7 +236,7 @@ async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> d
             for batch in (int(x) for x in args.batch.split(",")):
                 if capacity_tokens and batch * (context + args.decode_tokens + info.block_size) > capacity_tokens:
                     continue
-                step = await measure_decode(engine, prompts, batch, context, args.decode_tokens)
+                step = await measure_decode(engine, prompts, batch, context, args.decode_tokens, args.repeats)
                 decode.append({"batch": batch, "context": context, "step_seconds": step, "tokens_per_s": batch / step})
                 print(f"decode batch {batch} context {context}: {step * 1000:.2f} ms/step", flush=True)
         return {
@@ -155,7 +246,8 @@ async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> d
                      "engine": info.engine_kind, "engine_version": info.engine_version,
                      "engine_config": pool.engine.model_dump(mode="json"), "hardware": hardware(),
                      "tensor_parallel_size": getattr(pool.engine, "tensor_parallel_size", 1),
-                     "block_size": info.block_size, "kv_capacity_tokens": capacity_tokens},
+                     "block_size": info.block_size, "kv_capacity_tokens": capacity_tokens,
+                     "served": getattr(args, "url", None) is not None},
             "kv_bytes_per_token": kv_bytes_per_token(app, info),
             "prefill": prefill,
             "prefill_batch": prefill_batch,

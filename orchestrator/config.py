@@ -391,6 +391,15 @@ class PlannerConfig(_Strict):
         "that starts this long after the next one (0: the next interval only).")
     peak_memory_intervals: PositiveInt = Field(
         default=3, description="Intervals of observed peak-to-mean prompt-token ratios the burst headroom remembers.")
+    trend_damping: float = Field(
+        default=0.8, gt=0, le=1, description="kalman predictor: damping phi of its trend over the look-ahead "
+        "(steps ahead: level + (phi + ... + phi^steps) x slope; 1: an undamped straight line). A noisy slope "
+        "extrapolated over the start-up time overshoots at every turn of the load.")
+    correction_after_intervals: PositiveInt = Field(
+        default=2, description="Intervals in a row a pool must miss its target while sized for the load (the "
+        "replicas the model asks for serving throughout, no queue inherited) before its correction rises: one "
+        "interval's p99 is noisy and a burst is no wrong model, but a wrong model misses every interval. 1: "
+        "raise on the first such miss.")
 
 
 class NetworkConfig(_Strict):

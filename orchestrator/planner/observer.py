@@ -6,31 +6,70 @@ external Prometheus.
 Per replica, over the last `span_s` seconds:
   arrivals/s, mean prompt tokens, mean output tokens (of requests finished),
   prompt tokens found in the local prefix cache, p99 time to first token at
-  the replica, median gap between its tokens, requests waiting in its engine.
+  the replica, median gap between its tokens, requests waiting in its engine;
+and at the snapshot:
+  prompt tokens queued (requests arrived whose first token has not come yet),
+  prompt tokens that arrived in each of the last complete `peak_window_s`
+  buckets, and the most prompt tokens/s over one of them.
 A latency with no sample in the window is reported as -1 (metrics are floats).
+
+Buckets are aligned on the clock's epoch (bucket k is [k w, (k + 1) w)), and
+the clock is wall time by default, so that the replicas of a pool, each
+reporting on its own schedule, count the same stretches of time and the
+controller can add them up (`pool_peak_prompt_tps`).
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 
 MISSING = -1.0
+MAX_BUCKETS = 60  # reported buckets per snapshot at most (metrics are one key each)
+BUCKET_KEY = "prompt_tokens_bucket_"  # + j: prompt tokens in bucket `bucket_now - j` (j = 1 the last complete one)
 
 
 class ReplicaLoadWindow:
-    def __init__(self, span_s: float, clock: Callable[[], float] = time.monotonic, max_samples: int = 100_000) -> None:
+    """`clock`: seconds; the replicas of a pool must share it (wall time) for
+    their peak buckets to line up. `peak_window_s`: the width w of a peak
+    bucket; the replica reports its last n = max(1, span_s // w) complete
+    buckets, plus one more, so that the controller can line up replicas
+    whose latest reports straddle a bucket boundary."""
+
+    def __init__(self, span_s: float, clock: Callable[[], float] = time.time, max_samples: int = 100_000,
+                 peak_window_s: float = 2.0) -> None:
+        if span_s <= 0 or peak_window_s <= 0:
+            raise ValueError("span_s and peak_window_s must be positive")
         self.span_s = span_s
+        self.peak_window_s = peak_window_s
+        self.peak_buckets = min(max(int(span_s // peak_window_s), 1), MAX_BUCKETS)
         self._clock = clock
         self._arrivals: deque[tuple[float, int]] = deque(maxlen=max_samples)  # (t, prompt tokens)
         self._finished: deque[tuple[float, int, int, float]] = deque(maxlen=max_samples)  # (t, out, cached, first)
         self._gaps: deque[tuple[float, float]] = deque(maxlen=max_samples)  # (t, seconds between tokens)
+        self._keys = itertools.count()
+        self._pending: dict[int, int] = {}  # key -> prompt tokens of a request with no first token yet
+        self._queued_tokens = 0
 
-    def arrived(self, prompt_tokens: int) -> None:
+    def arrived(self, prompt_tokens: int) -> int:
+        """A request reached the replica. Its prompt tokens count as queued
+        until `prompt_done` with the key returned here."""
         self._arrivals.append((self._clock(), prompt_tokens))
+        key = next(self._keys)
+        self._pending[key] = prompt_tokens
+        self._queued_tokens += prompt_tokens
+        return key
+
+    def prompt_done(self, key: int) -> None:
+        """The request's first token came, or it ended (finished, failed,
+        cancelled) without one. Idempotent: call it on the first token and
+        again when the request ends, whichever way."""
+        self._queued_tokens -= self._pending.pop(key, 0)
 
     def token_gap(self, seconds: float) -> None:
         self._gaps.append((self._clock(), seconds))
@@ -40,12 +79,30 @@ class ReplicaLoadWindow:
                                MISSING if first_token_s is None else first_token_s))
 
     def snapshot(self, waiting: int = 0) -> dict[str, float]:
-        since = self._clock() - self.span_s
-        arrivals = [p for t, p in self._arrivals if t >= since]
-        finished = [(o, c, f) for t, o, c, f in self._finished if t >= since]
-        gaps = [g for t, g in self._gaps if t >= since]
+        """May run on another thread than the recording calls (Serve runs a
+        replica's sync methods in a thread pool): it drops samples older
+        than anything it reports (popleft, atomic) and reads copies of the
+        rest (list() of a deque holds the GIL throughout), never iterating a
+        deque that the event loop may append to."""
+        now = self._clock()
+        since = now - self.span_s
+        w = self.peak_window_s
+        current = math.floor(now / w)  # the bucket `now` is in (incomplete)
+        buckets = [0] * (self.peak_buckets + 1)  # j = 1 .. n + 1 back from `current`
+        horizon = min(since, (current - len(buckets)) * w)
+        for samples in (self._arrivals, self._finished, self._gaps):
+            while samples and samples[0][0] < horizon:
+                samples.popleft()
+        all_arrivals = list(self._arrivals)
+        arrivals = [p for t, p in all_arrivals if t >= since]
+        finished = [(o, c, f) for t, o, c, f in list(self._finished) if t >= since]
+        gaps = [g for t, g in list(self._gaps) if t >= since]
         firsts = [f for _, _, f in finished if f >= 0]
         prompt = sum(arrivals)
+        for t, p in all_arrivals:
+            j = current - math.floor(t / w)
+            if 1 <= j <= len(buckets):
+                buckets[j - 1] += p
         return {
             "arrival_rate": len(arrivals) / self.span_s,
             "mean_isl": prompt / len(arrivals) if arrivals else 0.0,
@@ -55,4 +112,40 @@ class ReplicaLoadWindow:
             "first_token_p99_s": float(np.quantile(firsts, 0.99)) if firsts else MISSING,
             "itl_p50_s": float(np.median(gaps)) if gaps else MISSING,
             "waiting": float(waiting),
+            "queued_prompt_tokens": float(self._queued_tokens),
+            "peak_window_s": float(w),
+            "peak_prompt_tps": max(buckets[:self.peak_buckets]) / w,
+            "bucket_now": float(current),
+            **{f"{BUCKET_KEY}{j}": float(n) for j, n in enumerate(buckets, start=1)},
         }
+
+
+def pool_peak_prompt_tps(reports: Iterable[Mapping[str, float]]) -> float | None:
+    """The most prompt tokens/s that arrived at a pool over one peak bucket,
+    from its replicas' latest snapshots: per bucket (an absolute index on the
+    shared clock) the sum over replicas, the largest of the newest n buckets
+    every replica reported (n as a replica reports it: the peak buckets of
+    one span). Where the replicas share no bucket (reports more than one
+    bucket apart) or differ in bucket width, the sum of their own peaks, an
+    upper bound (their peaks need not coincide). None: no replica reported
+    buckets."""
+    per_replica: list[tuple[float, float, dict[int, float]]] = []  # (w, own peak, {bucket: tokens})
+    for report in reports:
+        w, now = report.get("peak_window_s"), report.get("bucket_now")
+        if not w or now is None or math.isnan(now):
+            continue
+        counts = {}
+        for key, tokens in report.items():
+            if key.startswith(BUCKET_KEY):
+                counts[int(now) - int(key[len(BUCKET_KEY):])] = tokens
+        per_replica.append((w, report.get("peak_prompt_tps", 0.0), counts))
+    if not per_replica:
+        return None
+    widths = {w for w, _, _ in per_replica}
+    common = set.intersection(*(set(c) for _, _, c in per_replica))
+    if len(widths) > 1 or not common:
+        return float(sum(peak for _, peak, _ in per_replica))
+    w = widths.pop()
+    n = min(len(c) for _, _, c in per_replica) - 1  # the extra bucket is for lining up only
+    newest = sorted(common, reverse=True)[:max(n, 1)]
+    return max(sum(c[b] for _, _, c in per_replica) for b in newest) / w

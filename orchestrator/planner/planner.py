@@ -6,7 +6,10 @@
                for now is serving (`replica_startup_s`),
                the larger of the two; never a rate below the one just
                observed (too few replicas break the SLO at once, too many
-               only cost until the next interval)
+               only cost until the next interval); the Kalman trend is
+               damped over the horizon (`trend_damping`: a slope filtered
+               from noisy intervals, carried straight over the start-up
+               time, overshoots at every turn of the load)
     propose    prefill = the largest of
                  predicted uncached prompt tokens/s / per-replica prefill capacity
                    (M/D/1: utilisation capped so the mean TTFT stays under
@@ -20,14 +23,21 @@
                decode  = predicted output tokens/s / (per-replica decode capacity x
                          decode_utilization: a full batch makes new requests queue)
                (capacities from the profile at the predicted lengths; each
-               scaled by a correction learnt from observed vs target latency,
-               learnt only when the pool had the replicas the model asked for
-               the load observed: a miss while short of them is lag, not a
-               wrong model)
+               scaled by a correction (>= 1) learnt from observed vs target
+               latency, raised only when the model can be blamed for a miss:
+               the pool had the replicas the model sizes for the load observed
+               serving throughout the interval (a miss while short of them is
+               lag), it did not inherit a queue that alone breaks the target
+               (those first tokens waited before the interval began), and the
+               miss persisted `correction_after_intervals` intervals in a row
+               (a p99 over one interval is noisy, and a burst is not a wrong
+               model); it drifts back to 1 while latency is well under target)
                aggregated (no prefill pool): one pool doing both
     constrain  min/max per pool; a GPU budget shared by the pools (the
-               `budget_priority` pool is served first); up at once, down only
-               after `scale_down_intervals` intervals in a row asking for less
+               `budget_priority` pool is served first); up at once, down to
+               the most any of the last `scale_down_intervals` intervals
+               asked for (a stabilisation window: one quiet interval does not
+               take away what the busier ones around it needed)
     act        the caller's: a ScalingDecision is plain data
 
 The planner keeps no clock and no I/O: the same object runs under Ray Serve's
@@ -96,16 +106,21 @@ class ScalingDecision:
 
 @dataclass
 class _Hysteresis:
+    """Up at once; down to the most any of the last `intervals` intervals
+    asked for (Kubernetes' HPA stabilisation window): a pool shrinks only
+    once every ask in the window is below its size, and then no further
+    than the busiest of them, so one quiet interval does not take away the
+    replicas the intervals around it needed."""
+
     current: int
-    below: int = 0  # intervals in a row that asked for fewer
+    asks: list[int] = field(default_factory=list)  # the last asks, newest last
 
     def apply(self, wanted: int, intervals: int) -> int:
+        self.asks = (self.asks + [wanted])[-intervals:]
         if wanted >= self.current:
-            self.current, self.below = wanted, 0
-            return wanted
-        self.below += 1
-        if self.below >= intervals:
-            self.current, self.below = wanted, 0
+            self.current = wanted
+        elif len(self.asks) >= intervals:
+            self.current = min(self.current, max(self.asks))
         return self.current
 
 
@@ -122,15 +137,18 @@ class SlaPlanner:
     _peaks: list[float] = field(default_factory=list, init=False)
     _peak_window_s: float | None = field(default=None, init=False)
     _backlog_s: float = field(default=0.0, init=False)  # the prefill queue at the last interval's end, in seconds
+    _queued_tokens: float = field(default=0.0, init=False)  # ... and in prompt tokens
     _predictors: dict[str, Predictor] = field(default_factory=dict, init=False)
     _corrections: dict[str, float] = field(default_factory=lambda: {"prefill": 1.0, "decode": 1.0}, init=False)
     _hysteresis: dict[str, _Hysteresis] = field(default_factory=dict, init=False)
+    _ready_before: dict[str, int] | None = field(default=None, init=False)  # ready at the last interval's end
+    _sized_misses: dict[str, int] = field(default_factory=dict, init=False)  # per signal, in a row
 
     def __post_init__(self) -> None:
         if self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None:
             raise ValueError("the SLA planner needs sla.ttft_p99_ms and sla.itl_p50_ms")
         kind = self.config.predictor
-        kwargs = {"period": 24} if kind == "seasonal" else {}
+        kwargs = {"seasonal": {"period": 24}, "kalman": {"damping": self.config.trend_damping}}.get(kind, {})
         self._predictors = {k: make_predictor(kind, **kwargs) for k in ("rate", "isl", "osl", "hit")}
         prefill0, decode0 = self.initial
         self._hysteresis = {"prefill": _Hysteresis(prefill0), "decode": _Hysteresis(decode0)}
@@ -181,21 +199,44 @@ class SlaPlanner:
         if obs.requests and peak is not None:
             self._peaks = (self._peaks + [peak])[-self.config.peak_memory_intervals:]
         ready = {"prefill": obs.prefill_replicas, "decode": obs.decode_replicas}
+        # Replicas serving throughout the interval: the fewer of its start and
+        # end (one that came up late in the interval did not serve its queue).
+        before = self._ready_before or ready
+        throughout = {k: min(before[k], ready[k]) for k in ready}
+        self._ready_before = ready
         ttft_target, itl_target = self.sla.ttft_p99_ms / 1000, self.sla.itl_p50_ms / 1000
-        # ... or inherited a queue it could not clear within the TTFT target
-        # (first tokens in this interval belong to requests that waited in it).
-        inherited = self._backlog_s > ttft_target
+        # ... or inherited a queue, and drained it: a request arriving to a
+        # queue that takes d to drain has its first token no sooner than d
+        # plus its own share of the queueing the pool is sized for (mean
+        # TTFT = target / factor), so a queue of more than
+        # target x (1 - 1/factor) alone breaks the target for the interval's
+        # first arrivals. A queue that did not shrink under a sized pool is
+        # the model's, though: it says the pool computes more than it does.
+        inherited = (self._backlog_s > ttft_target * (1 - 1 / self.config.queueing_factor)
+                     and obs.prefill_queued_tokens < self._queued_tokens)
+        self._queued_tokens = obs.prefill_queued_tokens
         self._backlog_s = self._drain_s(obs.prefill_queued_tokens, obs.prefill_replicas, obs.mean_isl,
                                         obs.prefix_hit_rate)
-        sized = {"prefill": ready["prefill"] >= math.ceil(prefill_need - 1e-9) and not inherited,
-                 "decode": ready["decode"] >= math.ceil(decode_need - 1e-9)}
+        sized = {"prefill": throughout["prefill"] >= math.ceil(prefill_need - 1e-9) and not inherited,
+                 "decode": throughout["decode"] >= math.ceil(decode_need - 1e-9)}
         # A TTFT miss is the prefill pool's, unless decode engines are the ones
         # with a queue (out of sequence slots or KV: requests wait to start).
         ttft_pool = "prefill" if self.disaggregated and obs.prefill_waiting >= obs.decode_waiting else "decode"
-        self._corrections[ttft_pool] = _corrected(self._corrections[ttft_pool], obs.ttft_p99_s, ttft_target,
-                                                  raise_ok=sized[ttft_pool])
-        self._corrections["decode"] = _corrected(self._corrections["decode"], obs.itl_p50_s, itl_target,
-                                                 raise_ok=sized["decode"])
+        self._corrections[ttft_pool] = _corrected(
+            self._corrections[ttft_pool], obs.ttft_p99_s, ttft_target,
+            raise_ok=self._persists("ttft", obs.ttft_p99_s, ttft_target, sized[ttft_pool]))
+        self._corrections["decode"] = _corrected(
+            self._corrections["decode"], obs.itl_p50_s, itl_target,
+            raise_ok=self._persists("itl", obs.itl_p50_s, itl_target, sized["decode"]))
+
+    def _persists(self, signal: str, observed: float | None, target: float, sized: bool) -> bool:
+        """Whether `signal` has now missed its target with its pool sized for
+        `correction_after_intervals` intervals in a row: one interval's p99
+        is a noisy statistic and a burst is not a wrong model, but a wrong
+        model misses every interval."""
+        missed = sized and observed is not None and observed > target
+        self._sized_misses[signal] = self._sized_misses.get(signal, 0) + 1 if missed else 0
+        return self._sized_misses[signal] >= self.config.correction_after_intervals
 
     def _predict(self, obs: Observation) -> tuple[float, float, float, float]:
         """The busier of the next interval and the one that starts when a

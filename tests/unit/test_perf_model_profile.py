@@ -37,18 +37,37 @@ def test_decode_fit_recovers_a_linear_engine():
     assert m.decode_time(8, 500) == pytest.approx(0.002 + 0.0001 * 8 + 1e-7 * 8 * 500, rel=1e-6)
 
 
-def test_load_takes_the_fixed_cost_from_prefill_batches_and_the_server_overhead(tmp_path):
-    # 4 prompts of 100 tokens together: 2 ms fixed once + 4 x 10 ms.
+def _profile(tmp_path, prefill_batch_s: float):
     doc = {"prefill": [{"tokens": t, "seconds": s} for t, s in PREFILL],
-           "prefill_batch": [{"batch": 4, "tokens": 100, "seconds": 0.042}],
+           "prefill_batch": [{"batch": 4, "tokens": 100, "seconds": prefill_batch_s}],
            "decode": [{"batch": b, "context": c, "step_seconds": s} for b, pts in DECODE.items() for c, s in pts],
            "server": {"request_overhead_s": 0.007}}
     path = tmp_path / "p.json"
     path.write_text(json.dumps(doc))
-    m = ProfileModel.load(path)
-    assert m.step_fixed_s == pytest.approx(0.002)
+    return ProfileModel.load(path)
+
+
+def test_load_takes_the_shared_prefill_cost_from_prefill_batches_and_the_server_overhead(tmp_path):
+    # 4 prompts of 100 tokens together: 2 ms shared once + 4 x 10 ms; a step costs at least its
+    # fixed cost, the decode intercept (b=1, no context: 2.1 ms).
+    m = _profile(tmp_path, 0.042)
+    assert m.step_fixed_s == pytest.approx(0.0021)
+    assert m.prefill_shared_s == pytest.approx(0.0021)
     assert m.request_overhead_s == pytest.approx(0.007)
     assert m.decode_fit
+
+
+def test_a_prefill_cost_shared_beyond_a_decode_step_is_not_charged_to_decode_steps(tmp_path):
+    # 4 x 100 tokens in 22 ms against 4 x 12 ms alone: 8.67 ms of each batch-1 prefill is shared,
+    # four times a decode step (2.1 ms): decode steps keep their measured time.
+    m = _profile(tmp_path, 0.022)
+    assert m.prefill_shared_s == pytest.approx((4 * 0.012 - 0.022) / 3)
+    assert m.step_fixed_s == pytest.approx(0.0021)
+    assert m.step_time(Batch(decode_contexts=(100,))) == pytest.approx(m.decode_time(1, 100))
+    assert m.step_time(Batch(prefill=((100, 0),))) == pytest.approx(0.012)
+    assert m.step_time(Batch(prefill=((100, 0),) * 4)) == pytest.approx(0.022)
+    decode = m.decode_time(4, 100)
+    assert m.step_time(Batch(prefill=((100, 0),), decode_contexts=(100,) * 4)) == pytest.approx(0.012 + decode - 0.0021)
 
 
 def test_without_prefill_batches_the_fixed_cost_is_the_decode_step_of_nothing(tmp_path):

@@ -12,7 +12,7 @@ from orchestrator.planner.capacity import decode_batch_limit, decode_capacity, p
 from orchestrator.planner.planner import Observation, SlaPlanner
 from orchestrator.planner.predictors import (ConstantPredictor, KalmanTrendPredictor, MovingAveragePredictor,
                                              SeasonalPredictor)
-from orchestrator.sim.perf_model import Batch, ProfileModel
+from orchestrator.sim.perf_model import ProfileModel
 
 # A hand-made profile: prefill 1 ms per 10 tokens; a decode step 10 ms + 1 ms per sequence.
 PROFILE = ProfileModel(prefill_points=[(100, 0.01), (10_000, 1.0)],
@@ -56,10 +56,11 @@ def test_decode_is_sized_to_a_share_of_its_batch():
 def test_a_ttft_miss_with_queued_decode_engines_is_the_decode_pools():
     p = planner()
     load = dict(interval_s=10, requests=200, mean_isl=1000, mean_osl=200)
-    p.step(Observation(**load))
-    # The pools had the replicas the model sizes this load for (3 + 6): the miss is the model's.
-    d = p.step(Observation(**load, ttft_p99_s=1.2, prefill_waiting=0, decode_waiting=30, prefill_replicas=3,
-                           decode_replicas=6))
+    serving = dict(prefill_replicas=3, decode_replicas=6)  # what the model sizes this load for (3 + 6)
+    p.step(Observation(**load, **serving))
+    miss = Observation(**load, ttft_p99_s=1.2, prefill_waiting=0, decode_waiting=30, **serving)
+    assert p.step(miss).decode_correction == 1.0  # once: could be noise
+    d = p.step(miss)  # twice in a row with the pools sized: the model's
     assert d.prefill_correction == 1.0 and d.decode_correction == pytest.approx(math.sqrt(2))
 
 
@@ -77,6 +78,15 @@ def test_scale_up_is_immediate_and_scale_down_waits():
     assert [p.step(quiet).decode for _ in range(3)] == [6, 6, 1]
 
 
+def test_scale_down_goes_to_the_busiest_ask_of_the_window():
+    # Decode asks at OSL 200: 6 (20 req/s), then 3 (10 req/s), then 1, 1, 1 (2 req/s: 0.6 of a replica).
+    p = planner(scale_down_intervals=3)
+    asks = [200, 100, 20, 20, 20]
+    got = [p.step(Observation(interval_s=10, requests=n, mean_isl=1000, mean_osl=200)).decode for n in asks]
+    # 6 stays while it is in the window of the last 3 asks; then the most of (3, 1, 1), then of (1, 1, 1).
+    assert got == [6, 6, 6, 3, 1]
+
+
 def test_a_gpu_budget_serves_the_priority_pool_first():
     d = planner(max_gpus=7, budget_priority="decode").step(
         Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200))
@@ -89,8 +99,10 @@ def test_a_gpu_budget_serves_the_priority_pool_first():
 def test_a_missed_target_raises_the_correction_and_the_count():
     p = planner()
     load = dict(interval_s=10, requests=200, mean_isl=1000, mean_osl=200)
-    assert p.step(Observation(**load)).decode == 6
-    d = p.step(Observation(**load, itl_p50_s=0.060, decode_replicas=6))  # twice the ITL target, with 6 serving
+    assert p.step(Observation(**load, prefill_replicas=3, decode_replicas=6)).decode == 6
+    slow = Observation(**load, itl_p50_s=0.060, prefill_replicas=3, decode_replicas=6)  # twice the ITL target
+    assert p.step(slow).decode_correction == 1.0
+    d = p.step(slow)  # the second interval in a row, with 6 serving throughout
     assert d.decode_correction == pytest.approx(math.sqrt(2)) and d.decode == 9
 
 

@@ -52,3 +52,77 @@ def test_both_pools_are_sized_together_once_an_interval_has_passed():
 def test_advisory_mode_decides_but_changes_nothing():
     assert run(app_args("advisory"), "advisory-app") == [(1, 1)] * 4
 
+
+
+# -- the observations read from each replica's latest report --------------------------------------------------------
+
+def series(*points: tuple[float, float]) -> list:
+    return [SimpleNamespace(timestamp=t, value=v) for t, v in points]
+
+
+def raw_ctx(app: str, now: float, aggregated: dict, raw: dict, replicas: int):
+    return SimpleNamespace(**vars(ctx(app, now, aggregated, replicas)), raw_metrics=raw)
+
+
+def bucket_report(bucket_now: float, counts: list[float]) -> dict[str, float]:
+    return {"bucket_now": bucket_now, "peak_window_s": 2.0, "peak_prompt_tps": max(counts[:-1]) / 2,
+            **{f"prompt_tokens_bucket_{j}": c for j, c in enumerate(counts, start=1)}}
+
+
+def test_queued_prompt_tokens_and_the_pool_peak_come_from_the_latest_reports():
+    from deployments.planner_policy import _COORDINATORS
+
+    # Prefill: two replicas, queued prompt tokens 9000 / 6000 a second ago, 3000 / 1500 now.
+    prefill_raw = {"queued_prompt_tokens": {"p1": series((99.0, 9000), (100.0, 3000)),
+                                            "p2": series((99.5, 6000), (100.5, 1500))}}
+    prefill_agg = {**PREFILL, "queued_prompt_tokens": {"p1": 9000.0, "p2": 6000.0}}  # Serve's max over its look-back
+    # Decode: in 2 s buckets, d1 had 1000 prompt tokens in bucket 51 and d2 800 in bucket 50 (both reporting
+    # in bucket 52): the pool peaked at 1000 tokens / 2 s = 500/s; the replicas' own peaks add up to 900/s.
+    latest = {"d1": bucket_report(52, [1000, 0, 0]), "d2": bucket_report(52, [0, 800, 0])}
+    decode_raw = {name: {r: series((100.0, report[name])) for r, report in latest.items()} for name in latest["d1"]}
+    decode_agg = {k: {"d1": v["r1"]} for k, v in DECODE.items()}
+    args = app_args("act", "latest-app")
+    prefill = SlaPlannerPolicy(app=args, pool="prefill_pool")
+    decode = SlaPlannerPolicy(app=args, pool="decode_pool")
+    prefill(raw_ctx("latest-app", 100.0, prefill_agg, prefill_raw, 2))
+    decode(raw_ctx("latest-app", 100.0, decode_agg, decode_raw, 2))
+    obs = _COORDINATORS["latest-app"].observation(10.0)
+    assert obs.prefill_queued_tokens == 4500
+    assert obs.peak_prompt_tps == 500 and obs.peak_window_s == 2
+    # 20 req/s x 4000 tokens = 80,000 prompt tokens/s on average: no peak over the mean.
+    assert obs.peak_ratio == 1.0
+
+
+def test_without_raw_time_series_the_aggregated_values_stand_in():
+    from deployments.planner_policy import _COORDINATORS
+
+    args = app_args("act", "aggregated-app")
+    prefill = SlaPlannerPolicy(app=args, pool="prefill_pool")
+    decode = SlaPlannerPolicy(app=args, pool="decode_pool")
+    prefill(ctx("aggregated-app", 0.0, {**PREFILL, **replica_metrics(queued_prompt_tokens=7000.0)}))
+    decode(ctx("aggregated-app", 0.0, {**DECODE, **replica_metrics(**bucket_report(52, [400_000, 200_000, 0]))}))
+    obs = _COORDINATORS["aggregated-app"].observation(10.0)
+    assert obs.prefill_queued_tokens == 7000
+    # 400,000 tokens in 2 s = 200,000/s over a mean of 80,000/s: a 2.5x burst.
+    assert obs.peak_prompt_tps == 200_000 and obs.peak_ratio == 2.5
+
+
+def test_a_prefill_queue_and_a_burst_each_add_prefill_replicas():
+    def prefill_count(app: str, queued: float, buckets: list[float]) -> int:
+        args = app_args("act", app)
+        prefill = SlaPlannerPolicy(app=args, pool="prefill_pool")
+        decode = SlaPlannerPolicy(app=args, pool="decode_pool")
+        p_metrics = {**PREFILL, **replica_metrics(queued_prompt_tokens=queued)}
+        d_metrics = {**DECODE, **replica_metrics(**bucket_report(52, buckets))}
+        for now in (0.0, 10.0):
+            counts = prefill(ctx(app, now, p_metrics))[0], decode(ctx(app, now, d_metrics))[0]
+        return counts[0]
+
+    # 80,000 prompt tokens/s in every bucket (peak = mean): 6.66 H100s by the M/D/1 term -> 7.
+    flat = prefill_count("flat-app", 0.0, [160_000, 160_000, 0])
+    # + 400,000 tokens queued, cleared within the 10 s interval at ~31,400 tokens/s a replica flat out: + 1.27 -> 8.
+    queued = prefill_count("queued-app", 400_000.0, [160_000, 160_000, 0])
+    # The interval's 800,000 tokens in one 2 s bucket: 400,000/s over 31,400 x (1 + 0.5 s / 2 s) a replica: 10.2,
+    # capped at max_replicas 8.
+    burst = prefill_count("burst-app", 0.0, [800_000, 0, 0])
+    assert (flat, queued, burst) == (7, 8, 8)

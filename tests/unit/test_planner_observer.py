@@ -1,0 +1,109 @@
+"""A replica's load window: the prompt tokens it holds with no first token
+yet, and its prompt tokens per aligned peak bucket; the pool's peak from its
+replicas' buckets. Injected clock, hand-checked numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.planner.observer import BUCKET_KEY, ReplicaLoadWindow, pool_peak_prompt_tps
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def window(clock: Clock, span_s: float = 10, peak_window_s: float = 2) -> ReplicaLoadWindow:
+    return ReplicaLoadWindow(span_s=span_s, clock=clock, peak_window_s=peak_window_s)
+
+
+def arrive(w: ReplicaLoadWindow, clock: Clock, at: float, tokens: int) -> int:
+    clock.t = at
+    return w.arrived(tokens)
+
+
+def test_prompt_tokens_are_queued_until_the_first_token_or_the_end():
+    clock = Clock(100.0)
+    w = window(clock)
+    a, b, c = (arrive(w, clock, 100.0 + i, n) for i, n in enumerate((300, 200, 1000)))
+    assert w.snapshot()["queued_prompt_tokens"] == 1500
+    w.prompt_done(a)  # first token of a
+    assert w.snapshot()["queued_prompt_tokens"] == 1200
+    w.prompt_done(a)  # ... and its end: counted once
+    w.prompt_done(c)  # c failed before its first token
+    assert w.snapshot()["queued_prompt_tokens"] == 200
+    w.prompt_done(b)
+    assert w.snapshot()["queued_prompt_tokens"] == 0
+
+
+def test_prompt_tokens_per_bucket_and_the_replica_peak():
+    # 2 s buckets on the clock's epoch, 10 s span: the last 5 complete buckets (+1 for lining up).
+    clock = Clock(0.0)
+    w = window(clock)
+    for at, tokens in ((97.0, 4000), (100.5, 300), (101.9, 200), (102.0, 1000), (103.99, 500), (104.1, 50)):
+        arrive(w, clock, at, tokens)
+    clock.t = 104.5  # in bucket 52 = [104, 106): the 50 tokens there are not complete yet
+    snap = w.snapshot()
+    assert snap["bucket_now"] == 52 and snap["peak_window_s"] == 2
+    # j = 1: [102, 104), 2: [100, 102), 3: [98, 100), 4: [96, 98), ...
+    assert [snap[f"{BUCKET_KEY}{j}"] for j in range(1, 7)] == [1500, 500, 0, 4000, 0, 0]
+    assert snap["peak_prompt_tps"] == 4000 / 2  # bucket 48 is the 4th back, within 5
+    clock.t = 108.0  # bucket 54: [96, 98) is now the 6th bucket back, the lining-up one
+    snap = w.snapshot()
+    assert [snap[f"{BUCKET_KEY}{j}"] for j in range(1, 7)] == [0, 50, 1500, 500, 0, 4000]
+    assert snap["peak_prompt_tps"] == 1500 / 2
+
+
+def test_a_span_shorter_than_a_bucket_reports_one_bucket():
+    clock = Clock(0.0)
+    w = window(clock, span_s=3, peak_window_s=2)
+    arrive(w, clock, 10.5, 600)
+    clock.t = 12.2
+    snap = w.snapshot()
+    assert w.peak_buckets == 1 and snap[f"{BUCKET_KEY}1"] == 600 and snap[f"{BUCKET_KEY}2"] == 0
+    assert f"{BUCKET_KEY}3" not in snap and snap["peak_prompt_tps"] == 300
+
+
+def report(bucket_now: int, counts: list[float], w: float = 2.0, n: int | None = None) -> dict[str, float]:
+    n = len(counts) - 1 if n is None else n
+    return {"bucket_now": float(bucket_now), "peak_window_s": w, "peak_prompt_tps": max(counts[:n]) / w,
+            **{f"{BUCKET_KEY}{j}": float(c) for j, c in enumerate(counts, start=1)}}
+
+
+def test_the_pool_peak_adds_the_replicas_bucket_by_bucket():
+    # Replica A: 1000 tokens in bucket 51, B: 800 in bucket 50. Bucket by bucket
+    # the pool peaked at 1000 tokens / 2 s; the replicas' own peaks add up to 900/s.
+    a = report(52, [1000, 0, 0])
+    b = report(52, [0, 800, 0])
+    assert pool_peak_prompt_tps([a, b]) == 500
+    assert pool_peak_prompt_tps([a]) == 500 and pool_peak_prompt_tps([]) is None
+
+
+def test_replicas_whose_reports_straddle_a_boundary_line_up_on_the_shared_clock():
+    # n = 1 (3 s interval, 2 s buckets). A reported in bucket 52 (its j=1 is 51,
+    # j=2 is 50), B in bucket 53 (j=1 is 52, j=2 is 51): they share bucket 51 only.
+    a = report(52, [600, 2000])
+    b = report(53, [900, 400])
+    assert pool_peak_prompt_tps([a, b]) == (600 + 400) / 2
+    # Two buckets apart: nothing shared, the sum of their own peaks (an upper bound).
+    c = report(54, [100, 700])
+    assert pool_peak_prompt_tps([a, c]) == (600 + 100) / 2
+
+
+def test_the_pool_peak_from_two_windows_on_one_clock():
+    clock = Clock(0.0)
+    one, two = window(clock, span_s=4), window(clock, span_s=4)  # n = 2 buckets of 2 s
+    for w, at, tokens in ((one, 100.2, 500), (two, 101.0, 700), (one, 102.5, 300), (two, 103.5, 100),
+                          (one, 104.0, 5000)):
+        arrive(w, clock, at, tokens)
+    clock.t = 104.3
+    first = one.snapshot()  # bucket 52: its buckets 51 = 300, 50 = 500 (the 5000 tokens in 52 not yet complete)
+    clock.t = 106.1
+    second = two.snapshot()  # bucket 53: 52 = 0, 51 = 100, 50 = 700
+    # Shared buckets 50 and 51, the newest 2: 51 -> 300 + 100, 50 -> 500 + 700.
+    assert pool_peak_prompt_tps([first, second]) == pytest.approx(1200 / 2)
+    assert first["peak_prompt_tps"] + second["peak_prompt_tps"] == pytest.approx((500 + 100) / 2)
