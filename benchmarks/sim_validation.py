@@ -2,17 +2,19 @@
 (tiny model), simulate it from that profile, and compare with measurements of
 the same engine on the same workload:
 
-  1. a plain vLLM OpenAI server of the engine in configs/agg-cpu.yaml
-  2. `orchestrator profile --url` of that server (`--profile-source served`,
-     the default): batch-1 prefill, prompts prefilled together (what a
-     step's prompts share), decode steps by batch and context, all as a
-     client of the server sees them, so the server's HTTP, scheduling,
-     streaming and, on this 2-core machine, the CPU its processes take from
-     the engine are in the profile, not modelled apart.
-     `--profile-source in-process` profiles the engine alone (before the
-     server starts) and measures the server's cost per request apart
-     (batch-1 TTFT through the server minus the profile's prefill time),
-     which the simulator then charges per request
+  1. `orchestrator profile` of the engine in configs/agg-cpu.yaml, in process
+     (`--profile-source in-process`, the default): batch-1 prefill, prompts
+     prefilled together (the prefill cost a step's prompts share), decode
+     steps by batch and context; then a plain vLLM OpenAI server of that
+     engine, and the server's cost per request measured apart (batch-1 TTFT
+     through the server minus the profile's prefill time), which the
+     simulator charges per request.
+  2. or (`--profile-source served`) the same grid through that server
+     (`orchestrator profile --url`), as a client sees it: the server's HTTP,
+     scheduling, streaming and, on this 2-core machine, the CPU its
+     processes take from the engine are in every point, nothing modelled
+     apart. On this machine its decode points are unusable (the starved API
+     server sends tokens in bulk; BENCHMARKS.md)
   3. measured: that server, a closed-loop concurrency sweep, a Poisson-rate
      run and a replay of the first minute of the Mooncake conversation trace
      (its own timestamps, prompts scaled 1/16 with their shared prefixes),
