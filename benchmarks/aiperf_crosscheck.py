@@ -186,33 +186,6 @@ def fixed_server(ttft_ms: float, itl_ms: float, log: Path):
         peers._stop(proc)
 
 
-def _cpu_seconds(pid: int) -> float | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(")") + 2:].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _children(root: int) -> set[int]:
-    """`root` and its descendants."""
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                parents[int(entry)] = int(stat[stat.rfind(")") + 2:].split()[1])
-    tree, grew = {root}, True
-    while grew:
-        grew = False
-        for pid, ppid in parents.items():
-            if ppid in tree and pid not in tree:
-                tree.add(pid)
-                grew = True
-    return tree
-
-
 class ProcessWatch:
     """CPU seconds of a process tree, per process title (sampled twice a second: processes that exit
     keep their last reading), and optionally a lower priority for the process titled `renice`."""
@@ -233,17 +206,22 @@ class ProcessWatch:
         self._thread.join()
 
     def _run(self) -> None:
+        import psutil
+
         while not self._stop.wait(0.5):
-            for pid in _children(self.root):
-                cpu = _cpu_seconds(pid)
-                if cpu is None:
-                    continue
-                with contextlib.suppress(OSError):
-                    name = Path(f"/proc/{pid}/comm").read_text().strip()
-                    self.seen[pid] = (name, cpu)
-                    if self.renice and name == self.renice and pid not in self.reniced:
-                        os.setpriority(os.PRIO_PROCESS, pid, self.niceness)
-                        self.reniced.append(pid)
+            try:
+                root = psutil.Process(self.root)
+                tree = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for proc in tree:
+                with contextlib.suppress(psutil.Error):
+                    times = proc.cpu_times()
+                    name = proc.name()
+                    self.seen[proc.pid] = (name, times.user + times.system)
+                    if self.renice and name == self.renice and proc.pid not in self.reniced:
+                        proc.nice(self.niceness)
+                        self.reniced.append(proc.pid)
 
     def by_name(self) -> dict[str, float]:
         out: dict[str, float] = {}

@@ -18,11 +18,6 @@ from orchestrator.planner.observer import ReplicaLoadWindow
 from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
 
 log = logging.getLogger("ray.serve")
-# The width of the planner's peak buckets (Observation.peak_window_s): the
-# simulator experiments' default (`orchestrator experiment autoscale
-# --peak-window-s`); PlannerConfig has no field for it. Replicas report it
-# with their buckets, so the controller reads it from there.
-PEAK_WINDOW_S = 2.0
 
 
 @serve.deployment
@@ -36,7 +31,7 @@ class EnginePool:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.engine = create_engine(app, pool, self.role, host)
         # What the SLA planner observes of this replica; None (nothing recorded) with the planner off.
-        self.window = (ReplicaLoadWindow(app.planner.interval_s, peak_window_s=PEAK_WINDOW_S)
+        self.window = (ReplicaLoadWindow(app.planner.interval_s, peak_window_s=app.planner.peak_window_s)
                        if app.planner.mode is not PlannerMode.OFF else None)
         self.info = await self.engine.start()
         log.info("%s replica %s ready: %s", self.role.value, self.replica_id, self.info)

@@ -33,7 +33,6 @@ frontend's KV index drops the replica when it leaves the live set.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import time
@@ -228,22 +227,6 @@ class _Gauges:
             g["ready_replicas"].set(ready.get(f"{pool}_pool", 0), tags={"pool": pool})
 
 
-# The process's coordinators, one per application: read through `_coordinators()`.
-_COORDINATORS: dict[str, _Coordinator] = {}
-
-
-def _coordinators() -> dict[str, _Coordinator]:
-    """The registry of this module as imported by reference, looked up at
-    call time. Serve pickles a custom policy's module by value, and a class
-    rebuilt from such a pickle is pickled by value again whenever the
-    controller pickles the policy, with the current values of the globals
-    it uses: a global registry would be copied with its coordinators, and
-    the pools' policies end up with two planners for one application (seen:
-    after a pool scaled, one planner stepped with the other pool's metrics
-    90 s stale). Same reason as deployments.router_registry."""
-    return importlib.import_module("deployments.planner_policy")._COORDINATORS
-
-
 class SlaPlannerPolicy:
     """Serve custom autoscaling policy (class form: one instance per pool deployment)."""
 
@@ -252,11 +235,10 @@ class SlaPlannerPolicy:
         self.pool = pool
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
-        key = ctx.app_name or ""
-        coordinators = _coordinators()
-        coordinator = coordinators.get(key)
-        if coordinator is None or coordinator.app != self.app:  # first tick, or the app was redeployed
-            coordinator = coordinators[key] = _Coordinator(self.app)
+        from deployments import router_registry  # by reference: see router_registry
+
+        coordinator = router_registry.coordinator_for(ctx.app_name or "", lambda: _Coordinator(self.app),
+                                                      current=lambda c: c.app == self.app)  # redeployed: new
         coordinator.update(self.pool, ctx)
         now = ctx.current_time if ctx.current_time is not None else time.time()
         target = coordinator.decide(self.pool, now, ctx.target_num_replicas)

@@ -63,7 +63,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="planner: seconds of asking for fewer before a pool shrinks (rounded to intervals)")
     p.add_argument("--lookahead-s", type=float, default=None,
                    help="planner: predict this far past the next interval (default: --startup-s; 0: next only)")
-    p.add_argument("--peak-window-s", type=float, default=2.0,
+    p.add_argument("--peak-window-s", type=float, default=PlannerConfig().peak_window_s,
                    help="planner: window of the peak prompt tokens/s it sizes prefill for (0: mean load only)")
     p.add_argument("--no-backlog", action="store_true", help="planner: ignore prompt tokens queued for prefill")
     p.add_argument("--predictor", choices=["constant", "moving_average", "kalman", "seasonal"], default="kalman")

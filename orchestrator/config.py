@@ -391,6 +391,9 @@ class PlannerConfig(_Strict):
         "that starts this long after the next one (0: the next interval only).")
     peak_memory_intervals: PositiveInt = Field(
         default=3, description="Intervals of observed peak-to-mean prompt-token ratios the burst headroom remembers.")
+    peak_window_s: PositiveFloat = Field(
+        default=2.0, description="Width of the stretches over which replicas count arrived prompt tokens: the burst "
+        "headroom sizes prefill for the busiest such stretch of an interval.")
     trend_damping: float = Field(
         default=0.8, gt=0, le=1, description="kalman predictor: damping phi of its trend over the look-ahead "
         "(steps ahead: level + (phi + ... + phi^steps) x slope; 1: an undamped straight line). A noisy slope "

@@ -70,7 +70,7 @@ def bucket_report(bucket_now: float, counts: list[float]) -> dict[str, float]:
 
 
 def test_queued_prompt_tokens_and_the_pool_peak_come_from_the_latest_reports():
-    from deployments.planner_policy import _COORDINATORS
+    from deployments.router_registry import coordinator
 
     # Prefill: two replicas, queued prompt tokens 9000 / 6000 a second ago, 3000 / 1500 now.
     prefill_raw = {"queued_prompt_tokens": {"p1": series((99.0, 9000), (100.0, 3000)),
@@ -86,7 +86,7 @@ def test_queued_prompt_tokens_and_the_pool_peak_come_from_the_latest_reports():
     decode = SlaPlannerPolicy(app=args, pool="decode_pool")
     prefill(raw_ctx("latest-app", 100.0, prefill_agg, prefill_raw, 2))
     decode(raw_ctx("latest-app", 100.0, decode_agg, decode_raw, 2))
-    obs = _COORDINATORS["latest-app"].observation(10.0)
+    obs = coordinator("latest-app").observation(10.0)
     assert obs.prefill_queued_tokens == 4500
     assert obs.peak_prompt_tps == 500 and obs.peak_window_s == 2
     # 20 req/s x 4000 tokens = 80,000 prompt tokens/s on average: no peak over the mean.
@@ -94,14 +94,14 @@ def test_queued_prompt_tokens_and_the_pool_peak_come_from_the_latest_reports():
 
 
 def test_without_raw_time_series_the_aggregated_values_stand_in():
-    from deployments.planner_policy import _COORDINATORS
+    from deployments.router_registry import coordinator
 
     args = app_args("act", "aggregated-app")
     prefill = SlaPlannerPolicy(app=args, pool="prefill_pool")
     decode = SlaPlannerPolicy(app=args, pool="decode_pool")
     prefill(ctx("aggregated-app", 0.0, {**PREFILL, **replica_metrics(queued_prompt_tokens=7000.0)}))
     decode(ctx("aggregated-app", 0.0, {**DECODE, **replica_metrics(**bucket_report(52, [400_000, 200_000, 0]))}))
-    obs = _COORDINATORS["aggregated-app"].observation(10.0)
+    obs = coordinator("aggregated-app").observation(10.0)
     assert obs.prefill_queued_tokens == 7000
     # 400,000 tokens in 2 s = 200,000/s over a mean of 80,000/s: a 2.5x burst.
     assert obs.peak_prompt_tps == 200_000 and obs.peak_ratio == 2.5
