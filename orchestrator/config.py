@@ -68,6 +68,12 @@ class CpuEngineSettings(_Strict):
 
     kv_cache_gib: PositiveFloat = 1.0
     threads: PositiveInt = 1
+    shm_poll_us: PositiveInt | None = Field(
+        default=50,
+        description="Microseconds vLLM's engine core and worker sleep between looks at their shared-memory "
+        "queues, instead of spinning a core each for 1 s after every message (engines/vllm_plugin.py); "
+        "None keeps vLLM's spin.",
+    )
 
 
 class VllmEngineConfig(_Strict):

@@ -28,7 +28,7 @@ from orchestrator.engines.base import (
     EngineStats,
 )
 from orchestrator.engines.vllm_kv_events import events_config
-from orchestrator.engines.vllm_plugin import EXIT_WITH_PARENT_ENV, NIXL_PROGRESS_DELAY_ENV
+from orchestrator.engines.vllm_plugin import EXIT_WITH_PARENT_ENV, NIXL_PROGRESS_DELAY_ENV, SHM_POLL_ENV
 from orchestrator.requests import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
 
 ENGINE_KIND = "vllm"
@@ -51,9 +51,10 @@ def process_env(engine: VllmEngineConfig, network: NetworkConfig) -> dict[str, s
 
     Always: engine processes exit when their parent does (our vLLM plugin,
     orchestrator/engines/vllm_plugin.py), plus the plugin's NIXL progress
-    delay when configured. On CPU: a bounded KV cache, and OpenMP threads that
-    are neither bound to every core nor spin-waiting, so that several engines
-    can share a machine."""
+    delay when configured. On CPU: a bounded KV cache, and neither OpenMP
+    threads bound to every core and spin-waiting nor engine processes spinning
+    on their queues (the plugin's shared-memory poll), so that several engines
+    and their servers can share a machine."""
     env = {EXIT_WITH_PARENT_ENV: "1"}
     if network.nixl_progress_delay_us is not None:
         env[NIXL_PROGRESS_DELAY_ENV] = str(network.nixl_progress_delay_us)
@@ -66,6 +67,8 @@ def process_env(engine: VllmEngineConfig, network: NetworkConfig) -> dict[str, s
             "OMP_WAIT_POLICY": "PASSIVE",
             "KMP_BLOCKTIME": "0",
         }
+        if engine.cpu.shm_poll_us is not None:
+            env[SHM_POLL_ENV] = str(engine.cpu.shm_poll_us)
     return env
 
 

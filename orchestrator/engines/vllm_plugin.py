@@ -14,6 +14,22 @@ NIXL progress delay (`ORCHESTRATOR_NIXL_PROGRESS_DELAY_US`)
     raised here. Transfers still wake the thread at once through the UCX
     workers' event fds; the delay only bounds polling when nothing happens.
 
+Shared-memory queue polling (`ORCHESTRATOR_SHM_POLL_US`)
+    The engine core and its worker process talk through vLLM's shared-memory
+    message queues; a reader spins (`sched_yield` in a loop) for 1 s after
+    every message, then sleeps on the writer's notification socket. So a
+    serving engine keeps two processes on CPU at all times: the worker between
+    steps, the engine core while the worker computes. On a GPU node that buys
+    microseconds; on a small CPU machine it starves the engine's own API server
+    (measured: 1.6-1.8 cores for one engine at one request at a time). vLLM has
+    no setting for it, so here the reader sleeps this many microseconds between
+    looks during that second instead of yielding; after it, vLLM's own idle
+    wait is unchanged. Sleeping on the notification instead does not work:
+    that socket (high-water mark 1, conflated) loses wake-ups under load;
+    readers that waited on it, bounded, were late by the whole bound on most
+    steps, and unbounded an engine hung within 30 requests. vLLM's spin hides
+    this.
+
 Exit with the parent (`ORCHESTRATOR_EXIT_WITH_PARENT`)
     A replica killed outright (actor killed, node agent gone) leaves vLLM's
     engine-core and worker processes running, holding their memory (on GPUs:
@@ -29,6 +45,7 @@ import threading
 import time
 
 NIXL_PROGRESS_DELAY_ENV = "ORCHESTRATOR_NIXL_PROGRESS_DELAY_US"
+SHM_POLL_ENV = "ORCHESTRATOR_SHM_POLL_US"
 EXIT_WITH_PARENT_ENV = "ORCHESTRATOR_EXIT_WITH_PARENT"
 PARENT_POLL_S = 1.0
 
@@ -40,6 +57,9 @@ def register() -> None:
     delay = os.environ.get(NIXL_PROGRESS_DELAY_ENV)
     if delay and "nixl" not in _installed:
         _bound_nixl_progress_delay(int(delay))
+    poll_us = os.environ.get(SHM_POLL_ENV)
+    if poll_us and "shm" not in _installed:
+        _poll_shm_queues(int(poll_us))
     if os.environ.get(EXIT_WITH_PARENT_ENV) == "1" and "parent" not in _installed:
         _exit_with_parent()
 
@@ -61,6 +81,27 @@ def _bound_nixl_progress_delay(min_delay_us: int) -> None:
     bindings.nixlAgentConfig = BoundedProgressConfig
     _installed.add("nixl")
     log.info("NIXL progress thread poll delay >= %d us", min_delay_us)
+
+
+def _poll_shm_queues(poll_us: int) -> None:
+    try:
+        from vllm.distributed.device_communicators import shm_broadcast
+    except ImportError:
+        return
+    base = shm_broadcast.SpinCondition
+    poll_s = poll_us / 1e6
+
+    class PollingCondition(base):
+        def wait(self, timeout_ms: int | None = None) -> None:
+            if time.monotonic() <= self.last_read + self.busy_loop_s:
+                time.sleep(poll_s)  # where vLLM would sched_yield and look again
+            else:
+                super().wait(timeout_ms)
+
+    # MessageQueue looks the class up in its module when it builds a queue.
+    shm_broadcast.SpinCondition = PollingCondition
+    _installed.add("shm")
+    log.info("shared-memory queue readers sleep %d us between looks instead of spinning", poll_us)
 
 
 def _exit_with_parent() -> None:

@@ -1,5 +1,6 @@
 """The vLLM plugin our engine processes load: NIXL's progress-thread delay
-is bounded, and engine processes exit when their parent is killed."""
+is bounded, shared-memory queue readers sleep instead of spinning, and engine
+processes exit when their parent is killed."""
 
 from __future__ import annotations
 
@@ -32,11 +33,45 @@ def test_nixl_agent_config_gets_the_minimum_progress_delay(monkeypatch):
 def test_without_the_variables_the_plugin_changes_nothing(monkeypatch):
     api = pytest.importorskip("nixl._api")
     original = api.nixlBind.nixlAgentConfig
+    shm = pytest.importorskip("vllm.distributed.device_communicators.shm_broadcast")
+    spin_condition = shm.SpinCondition
     monkeypatch.setattr(vllm_plugin, "_installed", set())
-    monkeypatch.delenv(vllm_plugin.NIXL_PROGRESS_DELAY_ENV, raising=False)
-    monkeypatch.delenv(vllm_plugin.EXIT_WITH_PARENT_ENV, raising=False)
+    for name in (vllm_plugin.NIXL_PROGRESS_DELAY_ENV, vllm_plugin.EXIT_WITH_PARENT_ENV, vllm_plugin.SHM_POLL_ENV):
+        monkeypatch.delenv(name, raising=False)
     vllm_plugin.register()
     assert api.nixlBind.nixlAgentConfig is original
+    assert shm.SpinCondition is spin_condition
+
+
+def test_shm_queue_readers_sleep_between_looks_then_wait_for_the_writer(monkeypatch):
+    shm = pytest.importorskip("vllm.distributed.device_communicators.shm_broadcast")
+    import zmq
+
+    monkeypatch.setattr(shm, "SpinCondition", shm.SpinCondition)
+    monkeypatch.setattr(vllm_plugin, "_installed", set())
+    monkeypatch.setenv(vllm_plugin.SHM_POLL_ENV, "20000")
+    vllm_plugin.register()
+    context = zmq.Context()
+    writer = shm.SpinCondition(is_reader=False, context=context, notify_address="inproc://queue")
+    reader = shm.SpinCondition(is_reader=True, context=context, notify_address="inproc://queue")
+    try:
+        reader.record_read()  # a message was just read: the spin window
+        started = time.monotonic()
+        reader.wait()
+        assert 0.02 <= time.monotonic() - started < 0.5  # slept 20 ms where vLLM yields and returns
+        reader.last_read -= reader.busy_loop_s  # idle: vLLM's own wait on the writer's notification
+        started = time.monotonic()
+        reader.wait(timeout_ms=100)
+        assert time.monotonic() - started >= 0.09
+        writer.notify()
+        started = time.monotonic()
+        reader.wait(timeout_ms=5000)
+        assert time.monotonic() - started < 1
+    finally:
+        for socket in (writer.local_notify_socket, reader.local_notify_socket,
+                       reader.read_cancel_socket, reader.write_cancel_socket):
+            socket.close(linger=0)
+        context.term()
 
 
 def test_engine_process_exits_when_its_parent_is_killed(tmp_path):
