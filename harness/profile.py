@@ -58,6 +58,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", default="128,512,1024", help="decode grid (prompt tokens per sequence)")
     p.add_argument("--prefill-batch", default="2x256,4x256,4x512,2x1024",
                    help="prompts submitted together, KxN (K prompts of N tokens): the step's fixed cost")
+    p.add_argument("--mixed", default="1x512,8x128,8x512,16x512",
+                   help="a prompt of N tokens arriving while B sequences (context 512) decode, BxN: what a step with "
+                        "both costs beyond the two apart")
     p.add_argument("--decode-tokens", type=int, default=32, help="output tokens per decode measurement")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
@@ -122,6 +125,36 @@ async def _decode_step(engine: Engine, prompts: _Prompts, batch: int, context: i
         if later:
             steps.append((later[-1] - window[0]) / len(later))
     return statistics.median(steps) if steps else float("nan")
+
+
+MIXED_CONTEXT = 512
+MIXED_DECODE_TOKENS = 1024  # more than the sequences decode while the prompts are measured
+
+
+async def measure_mixed(engine: Engine, prompts: _Prompts, batch: int, context: int, isl: int, repeats: int) -> float:
+    """Median TTFT of a prompt of `isl` tokens submitted while `batch` sequences decode (one at a time, 2 x
+    `repeats` of them); the decoding sequences are cancelled once they are measured."""
+    decoding = [0] * batch
+
+    async def decode(i: int) -> None:
+        async for chunk in engine.generate(prompts.request(context, MIXED_DECODE_TOKENS)):
+            decoding[i] += len(chunk.token_ids)
+
+    tasks = [asyncio.create_task(decode(i)) for i in range(batch)]
+    try:
+        while min(decoding) < 2:  # every prompt prefilled: the engine is decoding the whole batch
+            await asyncio.sleep(0.01)
+        samples = []
+        for _ in range(2 * repeats):
+            start = time.perf_counter()
+            await _token_times(engine, prompts.request(isl, 1))
+            samples.append(time.perf_counter() - start)
+            await asyncio.sleep(0.05)
+        return statistics.median(samples)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 @dataclass(frozen=True)
@@ -239,6 +272,15 @@ async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> d
                 step = await measure_decode(engine, prompts, batch, context, args.decode_tokens, args.repeats)
                 decode.append({"batch": batch, "context": context, "step_seconds": step, "tokens_per_s": batch / step})
                 print(f"decode batch {batch} context {context}: {step * 1000:.2f} ms/step", flush=True)
+        mixed = []
+        for item in filter(None, args.mixed.split(",")):
+            b, n = (int(x) for x in item.lower().split("x"))
+            if MIXED_CONTEXT + MIXED_DECODE_TOKENS + n >= app.model.max_model_len or (
+                    capacity_tokens and b * (MIXED_CONTEXT + MIXED_DECODE_TOKENS) + n > capacity_tokens):
+                continue
+            seconds = await measure_mixed(engine, prompts, b, MIXED_CONTEXT, n, args.repeats)
+            mixed.append({"batch": b, "context": MIXED_CONTEXT, "tokens": n, "seconds": seconds})
+            print(f"prefill {n} while {b} decode: {seconds * 1000:.1f} ms", flush=True)
         return {
             "schema": SCHEMA,
             "created_at": time.time(),
@@ -252,6 +294,7 @@ async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> d
             "prefill": prefill,
             "prefill_batch": prefill_batch,
             "decode": decode,
+            "mixed": mixed,
         }
     finally:
         engine.shutdown()

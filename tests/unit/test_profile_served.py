@@ -1,4 +1,4 @@
-"""The profiler's estimators and the served source's parsing (harness/profile.py), with a fake engine on
+"""The profiler's estimators (decode step, a prompt's TTFT while a batch decodes) and the served source's parsing (harness/profile.py), with a fake engine on
 the other side of the Engine boundary."""
 
 import asyncio
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.profile import _cache_config, _Prompts, measure_decode
+from harness.profile import _cache_config, _Prompts, measure_decode, measure_mixed
 
 
 @dataclass
@@ -39,6 +39,41 @@ def test_decode_step_is_the_time_per_token_once_all_decode_whatever_the_chunking
         step = asyncio.run(measure_decode(engine, prompts, batch=3, context=16, tokens=25))
         # Chunk gaps would say 0 for most tokens when 4 share a chunk; the estimator says 5 ms.
         assert step == pytest.approx(0.005, rel=0.3)
+
+
+class _MixingEngine:
+    """Sequences decode a token every `step_s` after a `prefill_s` prompt; a one-token prompt that arrives
+    while any decode takes `mixed_s` instead."""
+
+    def __init__(self, step_s: float, prefill_s: float, mixed_s: float) -> None:
+        self.step_s, self.prefill_s, self.mixed_s = step_s, prefill_s, mixed_s
+        self.decoding = 0
+
+    async def generate(self, request):
+        if request.sampling.max_tokens == 1:
+            await asyncio.sleep(self.mixed_s if self.decoding else self.prefill_s)
+            yield _Chunk([1])
+            return
+        self.decoding += 1
+        try:
+            await asyncio.sleep(self.prefill_s)
+            for _ in range(request.sampling.max_tokens):
+                yield _Chunk([1])
+                await asyncio.sleep(self.step_s)
+        finally:
+            self.decoding -= 1
+
+
+def test_mixed_point_is_a_prompts_ttft_while_the_batch_decodes_and_the_batch_is_cancelled_after():
+    engine = _MixingEngine(step_s=0.002, prefill_s=0.01, mixed_s=0.03)
+
+    async def measure():
+        ttft = await measure_mixed(engine, _Prompts(vocab_size=100, seed=0), batch=3, context=16, isl=8, repeats=2)
+        return ttft, engine.decoding
+
+    ttft, still_decoding = asyncio.run(measure())
+    assert ttft == pytest.approx(0.03, rel=0.3)
+    assert still_decoding == 0
 
 
 def test_cache_config_labels_come_from_vllms_info_gauge():
