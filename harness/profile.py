@@ -131,9 +131,14 @@ MIXED_CONTEXT = 512
 MIXED_DECODE_TOKENS = 1024  # more than the sequences decode while the prompts are measured
 
 
-async def measure_mixed(engine: Engine, prompts: _Prompts, batch: int, context: int, isl: int, repeats: int) -> float:
-    """Median TTFT of a prompt of `isl` tokens submitted while `batch` sequences decode (one at a time, 2 x
-    `repeats` of them); the decoding sequences are cancelled once they are measured."""
+async def measure_mixed(engine: Engine, prompts: _Prompts, batch: int, context: int, isl: int,
+                        repeats: int) -> tuple[float, float]:
+    """(mixed, alone): the median TTFT of a prompt of `isl` tokens submitted while `batch` sequences decode
+    (one at a time, 2 x `repeats` of them), and of the same length with the engine idle, measured around
+    it (`repeats` before, `repeats` after: this machine's speed drifts by tens of percent over minutes, so
+    the cost of mixing is the difference of the two, not of the mixed TTFT and the prefill points measured
+    earlier). The decoding sequences are cancelled once measured."""
+    alone = [await _ttft(engine, prompts, isl) for _ in range(repeats)]
     decoding = [0] * batch
 
     async def decode(i: int) -> None:
@@ -144,17 +149,22 @@ async def measure_mixed(engine: Engine, prompts: _Prompts, batch: int, context: 
     try:
         while min(decoding) < 2:  # every prompt prefilled: the engine is decoding the whole batch
             await asyncio.sleep(0.01)
-        samples = []
+        mixed = []
         for _ in range(2 * repeats):
-            start = time.perf_counter()
-            await _token_times(engine, prompts.request(isl, 1))
-            samples.append(time.perf_counter() - start)
+            mixed.append(await _ttft(engine, prompts, isl))
             await asyncio.sleep(0.05)
-        return statistics.median(samples)
     finally:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+    alone += [await _ttft(engine, prompts, isl) for _ in range(repeats)]
+    return statistics.median(mixed), statistics.median(alone)
+
+
+async def _ttft(engine: Engine, prompts: _Prompts, isl: int) -> float:
+    start = time.perf_counter()
+    await _token_times(engine, prompts.request(isl, 1))
+    return time.perf_counter() - start
 
 
 @dataclass(frozen=True)
@@ -278,9 +288,9 @@ async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> d
             if MIXED_CONTEXT + MIXED_DECODE_TOKENS + n >= app.model.max_model_len or (
                     capacity_tokens and b * (MIXED_CONTEXT + MIXED_DECODE_TOKENS) + n > capacity_tokens):
                 continue
-            seconds = await measure_mixed(engine, prompts, b, MIXED_CONTEXT, n, args.repeats)
-            mixed.append({"batch": b, "context": MIXED_CONTEXT, "tokens": n, "seconds": seconds})
-            print(f"prefill {n} while {b} decode: {seconds * 1000:.1f} ms", flush=True)
+            seconds, alone = await measure_mixed(engine, prompts, b, MIXED_CONTEXT, n, args.repeats)
+            mixed.append({"batch": b, "context": MIXED_CONTEXT, "tokens": n, "seconds": seconds, "alone_seconds": alone})
+            print(f"prefill {n} while {b} decode: {seconds * 1000:.1f} ms (alone {alone * 1000:.1f} ms)", flush=True)
         return {
             "schema": SCHEMA,
             "created_at": time.time(),

