@@ -22,7 +22,6 @@ import os
 import platform
 import random
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,9 +32,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import peers  # noqa: E402
 from harness.client import RequestRecord, stream_completion  # noqa: E402
 from orchestrator.config import AppConfig, load_serve_config  # noqa: E402
-from orchestrator.engines.vllm_engine import process_env  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
 MODEL_DIR = Path("~/.cache/orchestrator/tiny-llama").expanduser()
@@ -51,15 +50,6 @@ def _app_config(name: str) -> AppConfig:
     args = load_serve_config(ROOT / "configs" / name)["applications"][0]["args"]
     args["model"]["source"] = str(MODEL_DIR)
     return AppConfig.model_validate(args)
-
-
-def start_bare_vllm(cfg: AppConfig, port: int) -> subprocess.Popen:
-    env = {**os.environ, **process_env(cfg.decode_pool.engine, cfg.network)}
-    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
-           "--served-model-name", cfg.model.name, "--dtype", cfg.model.dtype,
-           "--max-model-len", str(cfg.model.max_model_len), "--block-size", str(cfg.kv_cache.block_size),
-           "--enforce-eager", "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats"]
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
 
 def start_ours(port: int):
@@ -102,12 +92,13 @@ def summarize(records: list[RequestRecord]) -> dict:
 
 async def run(args) -> dict:
     cfg = _app_config("disagg-cpu.yaml")
-    bare_port, serve_port = _free_port(), _free_port()
-    bare = start_bare_vllm(cfg, bare_port)
-    try:
+    serve_port = _free_port()
+    # The same engine settings as ours, its KV cache bounded as theirs (unbounded, vLLM takes 21 GiB of this
+    # machine's RAM and the Serve engines beside it fail).
+    with peers.vllm_servers(1, cfg, ROOT / "benchmarks" / "results" / "frontend_overhead.log") as (bare_url,):
         start_ours(serve_port)
         urls = {
-            "bare": f"http://127.0.0.1:{bare_port}",
+            "bare": bare_url,
             "agg": f"http://127.0.0.1:{serve_port}/agg",
             "disagg": f"http://127.0.0.1:{serve_port}/disagg",
         }
@@ -129,9 +120,6 @@ async def run(args) -> dict:
                         records[name].append(rec)
                 if (i + 1) % 20 == 0:
                     print(f"{i + 1}/{total}", flush=True)
-    finally:
-        bare.terminate()
-        bare.wait(timeout=30)
     summary = {name: summarize(recs) for name, recs in records.items()}
     ratios = {
         name: {
