@@ -90,12 +90,7 @@ async def _token_times(engine: Engine, request: EngineRequest) -> list[float]:
 
 
 async def measure_prefill(engine: Engine, prompts: _Prompts, isl: int, repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        await _token_times(engine, prompts.request(isl, 1))
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+    return statistics.median([await _ttft(engine, prompts, isl) for _ in range(repeats)])
 
 
 async def measure_prefill_batch(engine: Engine, prompts: _Prompts, batch: int, isl: int, repeats: int) -> float:
