@@ -21,7 +21,6 @@ import json
 import os
 import platform
 import random
-import socket
 import sys
 import time
 from pathlib import Path
@@ -34,22 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import peers  # noqa: E402
 from harness.client import RequestRecord, stream_completion  # noqa: E402
-from orchestrator.config import AppConfig, load_serve_config  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
-
-MODEL_DIR = Path("~/.cache/orchestrator/tiny-llama").expanduser()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _app_config(name: str) -> AppConfig:
-    args = load_serve_config(ROOT / "configs" / name)["applications"][0]["args"]
-    args["model"]["source"] = str(MODEL_DIR)
-    return AppConfig.model_validate(args)
 
 
 def start_ours(port: int):
@@ -61,8 +45,8 @@ def start_ours(port: int):
     ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run_many([
-        serve.RunTarget(build_app(_app_config("agg-cpu.yaml")), name="agg", route_prefix="/agg"),
-        serve.RunTarget(build_app(_app_config("disagg-cpu.yaml")), name="disagg", route_prefix="/disagg"),
+        serve.RunTarget(build_app(peers.app_args("agg-cpu.yaml")), name="agg", route_prefix="/agg"),
+        serve.RunTarget(build_app(peers.app_args("disagg-cpu.yaml")), name="disagg", route_prefix="/disagg"),
     ])
 
 
@@ -91,8 +75,8 @@ def summarize(records: list[RequestRecord]) -> dict:
 
 
 async def run(args) -> dict:
-    cfg = _app_config("disagg-cpu.yaml")
-    serve_port = _free_port()
+    cfg = peers.app_args("disagg-cpu.yaml")
+    serve_port = peers.free_port()
     # The same engine settings as ours, its KV cache bounded as theirs (unbounded, vLLM takes 21 GiB of this
     # machine's RAM and the Serve engines beside it fail).
     with peers.vllm_servers(1, cfg, ROOT / "benchmarks" / "results" / "frontend_overhead.log") as (bare_url,):
@@ -159,7 +143,7 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "frontend_overhead.json"))
     args = p.parse_args()
-    make_tiny_model(MODEL_DIR)
+    make_tiny_model(peers.MODEL_DIR)
     result = asyncio.run(run(args))
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("results", "ratio_vs_bare", "added_vs_bare")}, indent=2))
