@@ -25,7 +25,6 @@ import contextlib
 import enum
 import json
 import os
-import socket
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -43,6 +42,7 @@ from orchestrator.engines.base import (
     EngineStats,
     KVHandoff,
 )
+from orchestrator.engines.ports import bindable, listen_port
 from orchestrator.engines.sglang_kv_events import events_config
 from orchestrator.requests import EngineChunk, EngineRequest, FinishReason, PrefillResult, SamplingSpec
 
@@ -443,24 +443,9 @@ def engine_info(
 # -- the engine ------------------------------------------------------------------
 
 
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-        return True
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
 def _first_free_port(host: str, start: int) -> int:
     for port in range(start, min(start + _BOOTSTRAP_PORT_SEARCH, 65536)):
-        if _bindable(host, port):
+        if bindable(host, port):
             return port
     raise EngineError(f"no free bootstrap port in [{start}, {start + _BOOTSTRAP_PORT_SEARCH})")
 
@@ -502,10 +487,10 @@ class SglangEngine:
         bind = self._host if self._host != "localhost" else "127.0.0.1"
         prefill = self._role is EngineRole.PREFILL
         return EnginePorts(
-            server=_free_port(bind),
+            server=listen_port(bind),
             bootstrap=_first_free_port(bind, self._engine_cfg.bootstrap_port) if prefill else None,
-            kv_events=_free_port(bind) if self._publish_kv_events else None,
-            kv_events_replay=_free_port(bind) if self._publish_kv_events else None,
+            kv_events=listen_port(bind) if self._publish_kv_events else None,
+            kv_events_replay=listen_port(bind) if self._publish_kv_events else None,
         )
 
     async def start(self) -> EngineInfo:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,6 +26,7 @@ from orchestrator.engines.base import (
     EngineRole,
     EngineStats,
 )
+from orchestrator.engines.ports import listen_port
 from orchestrator.engines.vllm_kv_events import events_config
 from orchestrator.engines.vllm_plugin import EXIT_WITH_PARENT_ENV, NIXL_PROGRESS_DELAY_ENV, SHM_POLL_ENV
 from orchestrator.requests import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
@@ -82,12 +82,6 @@ def check_engine_args(engine: VllmEngineConfig) -> None:
     unknown = sorted(set(engine.engine_args) - known)
     if unknown:
         raise ValueError(f"engine.engine_args: vLLM's AsyncEngineArgs has no field(s) {unknown}")
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host if host != "localhost" else "127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _finish_reason(reason: str | None) -> FinishReason | None:
@@ -220,7 +214,7 @@ class VllmEngine:
         if self._role is not EngineRole.AGGREGATED:
             # Read by the connector in the engine-core process, which inherits
             # this environment when it is spawned below.
-            nixl_port = free_port(self._host)
+            nixl_port = listen_port(self._host)
             os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = self._host
             os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(nixl_port)
         args = self._engine_args(events_config(topic="kv") if self._publish_kv_events else None)

