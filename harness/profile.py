@@ -7,7 +7,7 @@ takes from the engine are in every point; what a simulator of the served
 engine has to reproduce).
 
     prefill  batch 1, unique prompts of each ISL in the grid, max_tokens 1:
-             TTFT = time to the first token (median of `repeats`)
+             TTFT = time to the first token
     prefill batches  k unique prompts of n tokens submitted together
              (`--prefill-batch`, k x n within one step's token budget):
              time until the last first token; with the batch-1 times this
@@ -18,6 +18,10 @@ engine has to reproduce).
              stream may carry several tokens in one chunk, so not the gaps
              between chunks), median over the requests; per (batch, context)
              with batch x (context + output) within the KV capacity
+
+Each grid (prefill, prefill batches, decode) is measured in `--repeats`
+rounds, a round visiting every point once, and each point is the median of
+its rounds: a machine whose speed drifts then shifts the grid, not its shape.
 
 Writes a versioned profile (`orchestrator-profile/1`: model, engine and
 version, hardware, parallelism, block size, KV capacity, raw points) that
@@ -37,7 +41,8 @@ import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from harness.bench import hardware
 from orchestrator.config import AppConfig, Device, load_app_config
@@ -46,6 +51,7 @@ from orchestrator.engines.base import Engine, EngineInfo, EngineRole
 from orchestrator.requests import EngineRequest, SamplingSpec
 
 SCHEMA = "orchestrator-profile/1"
+P = TypeVar("P")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -93,22 +99,15 @@ async def measure_prefill(engine: Engine, prompts: _Prompts, isl: int, repeats: 
     return statistics.median([await _ttft(engine, prompts, isl) for _ in range(repeats)])
 
 
-async def measure_prefill_batch(engine: Engine, prompts: _Prompts, batch: int, isl: int, repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        await asyncio.gather(*(_token_times(engine, prompts.request(isl, 1)) for _ in range(batch)))
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+async def measure_prefill_batch(engine: Engine, prompts: _Prompts, batch: int, isl: int) -> float:
+    """Until the last first token of `batch` prompts submitted together."""
+    start = time.perf_counter()
+    await asyncio.gather(*(_token_times(engine, prompts.request(isl, 1)) for _ in range(batch)))
+    return time.perf_counter() - start
 
 
-async def measure_decode(engine: Engine, prompts: _Prompts, batch: int, context: int, tokens: int,
-                         repeats: int = 1) -> float:
-    """Median over `repeats` runs of `batch` sequences decoding together."""
-    return statistics.median([await _decode_step(engine, prompts, batch, context, tokens) for _ in range(repeats)])
-
-
-async def _decode_step(engine: Engine, prompts: _Prompts, batch: int, context: int, tokens: int) -> float:
+async def measure_decode(engine: Engine, prompts: _Prompts, batch: int, context: int, tokens: int) -> float:
+    """The step time of `batch` sequences decoding together (median over the sequences)."""
     runs = await asyncio.gather(*(_token_times(engine, prompts.request(context, tokens)) for _ in range(batch)))
     all_decoding = max(t[0] for t in runs)  # every sequence has its prompt done
     steps = []
@@ -154,6 +153,17 @@ async def measure_mixed(engine: Engine, prompts: _Prompts, batch: int, context: 
         await asyncio.gather(*tasks, return_exceptions=True)
     alone += [await _ttft(engine, prompts, isl) for _ in range(repeats)]
     return statistics.median(mixed), statistics.median(alone)
+
+
+async def in_rounds(points: list[P], measure: Callable[[P], Awaitable[float]], repeats: int) -> dict[P, float]:
+    """The median per point of `repeats` rounds, each round measuring every point once, in order. This
+    machine's speed drifts by tens of percent over minutes: measured in rounds, the drift reaches every point
+    alike instead of bending the grid's shape (a point's repeats taken back to back all see one speed)."""
+    samples: dict[P, list[float]] = {p: [] for p in points}
+    for _ in range(repeats):
+        for p in points:
+            samples[p].append(await measure(p))
+    return {p: statistics.median(s) for p, s in samples.items()}
 
 
 async def _ttft(engine: Engine, prompts: _Prompts, isl: int) -> float:
@@ -254,29 +264,21 @@ async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> d
         prompts = _Prompts(vocab, args.seed)
         capacity_tokens = (info.kv_capacity_blocks or 0) * info.block_size or _configured_capacity(app, pool, info)
         await measure_prefill(engine, prompts, 64, 2)  # warm-up
-        prefill = []
-        for isl in (int(x) for x in args.isl.split(",")):
-            if isl >= app.model.max_model_len:
-                continue
-            seconds = await measure_prefill(engine, prompts, isl, args.repeats)
-            prefill.append({"tokens": isl, "seconds": seconds, "tokens_per_s": isl / seconds})
-            print(f"prefill {isl}: {seconds * 1000:.1f} ms", flush=True)
-        prefill_batch = []
-        for item in filter(None, args.prefill_batch.split(",")):
-            k, n = (int(x) for x in item.lower().split("x"))
-            if n >= app.model.max_model_len:
-                continue
-            seconds = await measure_prefill_batch(engine, prompts, k, n, args.repeats)
-            prefill_batch.append({"batch": k, "tokens": n, "seconds": seconds})
-            print(f"prefill {k} x {n}: {seconds * 1000:.1f} ms", flush=True)
-        decode = []
-        for context in (int(x) for x in args.context.split(",")):
-            for batch in (int(x) for x in args.batch.split(",")):
-                if capacity_tokens and batch * (context + args.decode_tokens + info.block_size) > capacity_tokens:
-                    continue
-                step = await measure_decode(engine, prompts, batch, context, args.decode_tokens, args.repeats)
-                decode.append({"batch": batch, "context": context, "step_seconds": step, "tokens_per_s": batch / step})
-                print(f"decode batch {batch} context {context}: {step * 1000:.2f} ms/step", flush=True)
+        lengths = [isl for isl in (int(x) for x in args.isl.split(",")) if isl < app.model.max_model_len]
+        ttft = await in_rounds(lengths, lambda isl: _ttft(engine, prompts, isl), args.repeats)
+        prefill = [{"tokens": isl, "seconds": s, "tokens_per_s": isl / s} for isl, s in ttft.items()]
+        batches = [(k, n) for k, n in (tuple(int(x) for x in item.lower().split("x"))
+                                       for item in filter(None, args.prefill_batch.split(",")))
+                   if n < app.model.max_model_len]
+        last_first_token = await in_rounds(batches, lambda kn: measure_prefill_batch(engine, prompts, *kn), args.repeats)
+        prefill_batch = [{"batch": k, "tokens": n, "seconds": s} for (k, n), s in last_first_token.items()]
+        grid = [(batch, context) for context in (int(x) for x in args.context.split(","))
+                for batch in (int(x) for x in args.batch.split(","))
+                if not capacity_tokens or batch * (context + args.decode_tokens + info.block_size) <= capacity_tokens]
+        steps = await in_rounds(grid, lambda bc: measure_decode(engine, prompts, *bc, args.decode_tokens), args.repeats)
+        decode = [{"batch": b, "context": c, "step_seconds": s, "tokens_per_s": b / s} for (b, c), s in steps.items()]
+        for point in prefill + prefill_batch + decode:
+            print(f"profile {point}", flush=True)
         mixed = []
         for item in filter(None, args.mixed.split(",")):
             b, n = (int(x) for x in item.lower().split("x"))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import bisect
 import json
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
@@ -199,6 +199,18 @@ class ProfileModel:
         model.step_fixed_s, model.prefill_shared_s = model.shared_costs(doc.get("prefill_batch", []))
         model.mixed_extra_s = model.mixed_cost(doc.get("mixed", []))
         return model
+
+    def scaled(self, factor: float) -> "ProfileModel":
+        """The same engine `factor` times slower: every measured time, the server's cost among them."""
+        return replace(
+            self,
+            prefill_points=[(n, s * factor) for n, s in self.prefill_points],
+            decode_points={b: [(c, s * factor) for c, s in points] for b, points in self.decode_points.items()},
+            step_fixed_s=self.step_fixed_s * factor,
+            request_overhead_s=self.request_overhead_s * factor,
+            prefill_shared_s=None if self.prefill_shared_s is None else self.prefill_shared_s * factor,
+            mixed_extra_s=self.mixed_extra_s * factor,
+        )
 
     def shared_costs(self, prefill_batch: list[dict]) -> tuple[float, float]:
         """(step_fixed_s, prefill_shared_s) from the points: the decode intercept (at most a step of

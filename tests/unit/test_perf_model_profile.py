@@ -108,3 +108,14 @@ def test_a_mixed_point_is_judged_against_its_prompt_timed_alone_around_it_not_th
                      "alone_seconds": m.prefill_time(100) + 0.005}]
     (tmp_path / "p.json").write_text(json.dumps(doc))
     assert ProfileModel.load(tmp_path / "p.json").mixed_extra_s == pytest.approx(0.002)
+
+
+def test_a_scaled_model_is_the_same_engine_that_much_slower(tmp_path):
+    m = _profile(tmp_path, 0.036)
+    m.mixed_extra_s = 0.001
+    slow = m.scaled(1.5)
+    for batch in (Batch(prefill=((100, 0),)), Batch(prefill=((500, 0),) * 3), Batch(decode_contexts=(300,) * 8),
+                  Batch(prefill=((200, 0),), decode_contexts=(100,) * 4)):
+        assert slow.step_time(batch) == pytest.approx(1.5 * m.step_time(batch))
+    assert slow.request_overhead_s == pytest.approx(1.5 * m.request_overhead_s)
+    assert m.scaled(1.0).step_time(Batch(decode_contexts=(300,) * 8)) == pytest.approx(m.decode_time(8, 300))

@@ -85,3 +85,18 @@ def test_cache_config_labels_come_from_vllms_info_gauge():
     labels = _cache_config(text)
     assert (labels["block_size"], labels["num_gpu_blocks"]) == ("32", "16384")
     assert _cache_config("# nothing here\n") == {}
+
+
+def test_points_are_measured_in_rounds_so_a_drift_reaches_every_point_alike():
+    from harness.profile import in_rounds
+
+    calls = []
+    speed = iter([1.0, 1.0, 2.0, 2.0, 3.0, 3.0])  # the machine slows down round by round
+
+    async def measure(point: int) -> float:
+        calls.append(point)
+        return point * next(speed)
+
+    medians = asyncio.run(in_rounds([10, 20], measure, repeats=3))
+    assert calls == [10, 20, 10, 20, 10, 20]
+    assert medians == {10: 20.0, 20: 40.0}  # the 2:1 shape kept
