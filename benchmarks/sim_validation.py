@@ -78,7 +78,7 @@ MAX_NUM_BATCHED_TOKENS = 2048
 MAX_NUM_SEQS = 128
 OVERHEAD_ISL = (128, 512, 1024)
 # The speed probe: a few unique 512-token prompts with 32-token outputs, one at a time, through the server.
-PROBE_ISL, PROBE_OSL, PROBE_REQUESTS = 512, 32, 4
+PROBE_ISL, PROBE_OSL, PROBE_REQUESTS = 512, 32, 8
 
 
 def profile(path: Path, url: str | None = None) -> None:
