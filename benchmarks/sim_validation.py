@@ -334,10 +334,10 @@ def error_summary(points, rate_run, trace_run, key: str = "compare") -> dict:
         return {}
     runs = [e[key] for e in entries]
     out = {}
-    for key in ("ttft_ms_p50", "itl_ms_p50", "tpot_ms_p50", "e2e_ms_p50", "ttft_ms_p90", "tpot_ms_p90", "throughput"):
-        errs = [abs(c[key]["error"]) for c in runs if c[key]["error"] is not None and c[key]["real"]]
-        out[f"max_abs_error_{key}"] = max(errs) if errs else None
-        out[f"median_abs_error_{key}"] = sorted(errs)[len(errs) // 2] if errs else None
+    for metric in ("ttft_ms_p50", "itl_ms_p50", "tpot_ms_p50", "e2e_ms_p50", "ttft_ms_p90", "tpot_ms_p90", "throughput"):
+        errs = [abs(c[metric]["error"]) for c in runs if c[metric]["error"] is not None and c[metric]["real"]]
+        out[f"max_abs_error_{metric}"] = max(errs) if errs else None
+        out[f"median_abs_error_{metric}"] = sorted(errs)[len(errs) // 2] if errs else None
     return out
 
 
