@@ -3,12 +3,13 @@
 the same engine on the same workload:
 
   1. `orchestrator profile` of the engine in configs/agg-cpu.yaml, in process
-     (`--profile-source in-process`, the default): batch-1 prefill, prompts
+     (`--profile-source in-process`, the default), with a plain vLLM OpenAI
+     server of that engine already up and idle: batch-1 prefill, prompts
      prefilled together (the prefill cost a step's prompts share), decode
      steps by batch and context, prompts arriving while a batch decodes (what
-     a mixed step costs beyond the two); then a plain vLLM OpenAI server of that
-     engine, and the server's cost per request measured apart (batch-1 TTFT
-     through the server minus the profile's prefill time), which the
+     a mixed step costs beyond the two), each grid in rounds; then the
+     server's cost per request (`--server-url`: batch-1 TTFT through the
+     server minus in process, request by request alternately), which the
      simulator charges per request.
   2. or (`--profile-source served`) the same grid through that server
      (`orchestrator profile --url`), as a client sees it: the server's HTTP,
@@ -76,19 +77,18 @@ TRACE = Path("/work/shared/traces/mooncake_conversation.jsonl")
 # (vllm/engine/arg_utils.py, get_batch_defaults; the in-process engine gets the same from SchedulerConfig).
 MAX_NUM_BATCHED_TOKENS = 2048
 MAX_NUM_SEQS = 128
-OVERHEAD_ISL = (128, 512, 1024)
 # The speed probe: a few unique 512-token prompts with 32-token outputs, one at a time, through the server.
 PROBE_ISL, PROBE_OSL, PROBE_REQUESTS = 512, 32, 8
 
 
-def profile(path: Path, url: str | None = None) -> None:
-    """In process, or (`url`) through the running server."""
-    # Through a server, more repeats and longer decodes: its streams are noisier and coalesce tokens.
-    served = ["--url", url, "--repeats", "5", "--decode-tokens", "96"] if url else []
+def profile(path: Path, url: str | None = None, server_url: str | None = None) -> None:
+    """In process (and the cost of a request through `server_url`), or (`url`) through the running server."""
+    # Through a server, longer decodes: its streams may coalesce tokens.
+    source = ["--url", url, "--decode-tokens", "96"] if url else ["--server-url", server_url]
     subprocess.run([str(peers.VENV_BIN / "orchestrator"), "profile", "--config", str(ROOT / "configs" / "agg-cpu.yaml"),
                     "--model-dir", str(peers.MODEL_DIR), "--isl", "64,128,256,512,768,1024,1536",
                     "--batch", "1,2,4,8,16,24", "--context", "256,512,1024",
-                    *(served or ["--repeats", "5"]), "--out", str(path)], check=True)
+                    *source, "--repeats", "5", "--out", str(path)], check=True)
 
 
 class ServedSim(ClusterSim):
@@ -135,25 +135,6 @@ def trace_requests(pool: TokenPool, seconds: float) -> list[RequestSpec]:
     """The Mooncake conversation trace's first `seconds`, prompts and outputs scaled 1/16 (32-token blocks)."""
     trace = MooncakeTrace(str(TRACE), pool, block_tokens=32, max_isl=2048, max_osl=128)
     return [r for r in trace.requests(2000) if r.arrival_s < seconds]
-
-
-async def measure_overhead(target: Target, perf: ProfileModel, pool: TokenPool, repeats: int = 5) -> dict:
-    """Batch-1 TTFT through the server minus the in-process profile's prefill time, per prompt length: one
-    closed loop at concurrency 1 over one connection, as the sweep's client sends (separate requests after
-    a pause, each on a new connection, measured 25-38 ms for the same 512-token prompt in three runs)."""
-    import random
-
-    rng = random.Random(11)
-    specs = [RequestSpec(tuple(rng.choice(pool.ids) for _ in range(isl)), 1)
-             for _ in range(repeats) for isl in OVERHEAD_ISL]
-    records, _ = await run_concurrency(target, specs, 1)  # at concurrency 1 the records come in the specs' order
-    points = [{"tokens": len(spec.prompt_token_ids), "ttft_s": record.ttft_s,
-               "overhead_s": record.ttft_s - perf.prefill_time(len(spec.prompt_token_ids))}
-              for spec, record in zip(specs, records) if record.ok and record.ttft_s]
-    overheads = sorted(p["overhead_s"] for p in points)
-    return {"request_overhead_s": max(overheads[len(overheads) // 2], 0.0) if overheads else 0.0,
-            "method": "median over unique prompts of (server batch-1 TTFT - profile prefill time), one closed "
-                      "loop at concurrency 1", "points": points}
 
 
 class SpeedProbe:
@@ -278,7 +259,7 @@ def main() -> None:
     p.add_argument("--profile-source", choices=["served", "in-process"], default="in-process",
                    help="served: profile the engine through the server the workloads are measured on (its HTTP, "
                         "scheduling, streaming and CPU share are in every point; no separate server cost); "
-                        "in-process: the engine alone, plus the server's cost per request measured apart")
+                        "in-process: the engine alone, plus the server's cost per request measured paired with it")
     p.add_argument("--sim-only", action="store_true", help="keep the measured side of the last run; simulate again")
     args = p.parse_args()
     make_tiny_model(peers.MODEL_DIR)
@@ -287,8 +268,6 @@ def main() -> None:
     profile_path = RESULTS / ("profile_tiny_cpu_served.json" if args.profile_source == "served" else "profile_tiny_cpu.json")
     if args.sim_only:
         profile_path = RESULTS / json.loads((RESULTS / "sim_validation.json").read_text())["profile"]
-    if not (args.skip_profile or args.sim_only) and args.profile_source == "in-process":
-        profile(profile_path)
     perf = ProfileModel.load(profile_path) if profile_path.exists() else None
     cfg = peers.app_args("agg-cpu.yaml")
     block_size = cfg.kv_cache.block_size
@@ -373,14 +352,9 @@ def measure(cfg, workload, trace, perf, profile_path, block_size, levels, args):
         target = Target(urls[0], cfg.model.name)
         meter = CpuMeter(urls[0])
         asyncio.run(run_concurrency(target, workload.requests(8), 4))  # warm-up
-        if args.profile_source == "served":
-            if not args.skip_profile:
-                profile(profile_path, urls[0])
-        else:
-            server = asyncio.run(measure_overhead(target, ProfileModel.load(profile_path), workload.pool))
-            doc = json.loads(profile_path.read_text())
-            doc["server"] = server | {"engine": "vllm.entrypoints.openai.api_server (same engine settings)"}
-            profile_path.write_text(json.dumps(doc, indent=2) + "\n")
+        if not args.skip_profile:
+            served = args.profile_source == "served"
+            profile(profile_path, url=urls[0] if served else None, server_url=None if served else urls[0])
         perf = ProfileModel.load(profile_path)
         probe = SpeedProbe(target, workload.pool)
         print(f"server overhead per request: {perf.request_overhead_s * 1000:.1f} ms; step fixed cost "

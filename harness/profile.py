@@ -67,6 +67,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mixed", default="1x512,8x128,8x512,16x512",
                    help="a prompt of N tokens arriving while B sequences (context 512) decode, BxN: what a step with "
                         "both costs beyond the two apart")
+    p.add_argument("--server-url", help="in process: also measure what a request costs through this running server of "
+                        "the same engine (its HTTP, streaming and scheduling): batch-1 TTFT there minus in process, "
+                        "request by request alternately")
+    p.add_argument("--server-isl", default="128,512,1024", help="prompt lengths of the server-cost measurement")
     p.add_argument("--decode-tokens", type=int, default=32, help="output tokens per decode measurement")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
@@ -164,6 +168,24 @@ async def in_rounds(points: list[P], measure: Callable[[P], Awaitable[float]], r
         for p in points:
             samples[p].append(await measure(p))
     return {p: statistics.median(s) for p, s in samples.items()}
+
+
+async def measure_server_cost(engine: Engine, served: Engine, prompts: _Prompts, lengths: list[int],
+                              repeats: int) -> dict[str, Any]:
+    """What a request costs through a server beyond its engine steps: per round and prompt length, a
+    unique prompt's batch-1 TTFT in process and then another's through the server of the same engine; the
+    median difference (at least 0). Alternating request by request keeps each pair seconds apart: taken
+    minutes apart, as the difference of a profile and a later calibration, this machine's drift made it
+    0-13.5 ms from run to run."""
+    points = []
+    for _ in range(repeats):
+        for isl in lengths:
+            alone = await _ttft(engine, prompts, isl)
+            through = await _ttft(served, prompts, isl)
+            points.append({"tokens": isl, "in_process_s": alone, "served_s": through, "overhead_s": through - alone})
+    return {"request_overhead_s": max(statistics.median(p["overhead_s"] for p in points), 0.0),
+            "method": "median over unique prompts of (served batch-1 TTFT - in-process batch-1 TTFT), alternating",
+            "points": points}
 
 
 async def _ttft(engine: Engine, prompts: _Prompts, isl: int) -> float:
@@ -288,6 +310,12 @@ async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> d
             seconds, alone = await measure_mixed(engine, prompts, b, MIXED_CONTEXT, n, args.repeats)
             mixed.append({"batch": b, "context": MIXED_CONTEXT, "tokens": n, "seconds": seconds, "alone_seconds": alone})
             print(f"prefill {n} while {b} decode: {seconds * 1000:.1f} ms (alone {alone * 1000:.1f} ms)", flush=True)
+        server = None
+        if getattr(args, "server_url", None) and not getattr(args, "url", None):
+            served = ServedEngine(args.server_url, app.model.name, app.kv_cache.block_size)
+            lengths = [int(x) for x in args.server_isl.split(",")]
+            server = await measure_server_cost(engine, served, prompts, lengths, args.repeats)
+            print(f"server cost per request: {server['request_overhead_s'] * 1000:.1f} ms", flush=True)
         return {
             "schema": SCHEMA,
             "created_at": time.time(),
@@ -302,6 +330,7 @@ async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> d
             "prefill_batch": prefill_batch,
             "decode": decode,
             "mixed": mixed,
+            **({"server": server} if server else {}),
         }
     finally:
         engine.shutdown()

@@ -100,3 +100,25 @@ def test_points_are_measured_in_rounds_so_a_drift_reaches_every_point_alike():
     medians = asyncio.run(in_rounds([10, 20], measure, repeats=3))
     assert calls == [10, 20, 10, 20, 10, 20]
     assert medians == {10: 20.0, 20: 40.0}  # the 2:1 shape kept
+
+
+def test_server_cost_is_the_served_ttft_beyond_the_same_engine_in_process_request_by_request():
+    from harness.profile import measure_server_cost
+
+    order = []
+
+    class _Recording(_CoalescingEngine):
+        def __init__(self, name: str, prefill_s: float) -> None:
+            super().__init__(step_s=0.001, prefill_s=prefill_s, per_chunk=1)
+            self.name = name
+
+        async def generate(self, request):
+            order.append(self.name)
+            async for chunk in super().generate(request):
+                yield chunk
+
+    engine, served = _Recording("engine", 0.010), _Recording("served", 0.016)
+    cost = asyncio.run(measure_server_cost(engine, served, _Prompts(vocab_size=100, seed=0), [8, 16], repeats=2))
+    assert order == ["engine", "served"] * 4
+    assert cost["request_overhead_s"] == pytest.approx(0.006, abs=0.003)
+    assert [p["tokens"] for p in cost["points"]] == [8, 16, 8, 16]
