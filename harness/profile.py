@@ -18,6 +18,10 @@ engine has to reproduce).
              stream may carry several tokens in one chunk, so not the gaps
              between chunks), median over the requests; per (batch, context)
              with batch x (context + output) within the KV capacity
+    server   (`--server-url`, in process only) what a request costs through
+             a running server of the same engine: a unique prompt's batch-1
+             TTFT in process, then another's through the server, alternately;
+             the median difference (`server.request_overhead_s`)
 
 Each grid (prefill, prefill batches, decode) is measured in `--repeats`
 rounds, a round visiting every point once, and each point is the median of
