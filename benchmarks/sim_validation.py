@@ -48,6 +48,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -153,8 +154,6 @@ class SpeedProbe:
         self.reference_s = self._run()
 
     def _run(self) -> float:
-        import random
-
         rng = random.Random(1000 + self.probes)  # unique prompts: no prefix-cache hits across probes
         self.probes += 1
         specs = [RequestSpec(tuple(rng.choice(self.pool.ids) for _ in range(PROBE_ISL)), PROBE_OSL)
@@ -219,14 +218,6 @@ def load_specs(workload: SyntheticWorkload, levels: list[int], per_point: int, r
         by_level[c] = workload.requests(used + per_point)[used:]
         used += per_point
     return by_level, workload.requests(used + rate_requests)[used:]
-
-
-def with_speed(entry: dict, perf: ProfileModel, block_size: int, specs, concurrency: int | None) -> dict:
-    """`entry` (real, sim, compare, speed) with the workload simulated again from the profile scaled by the
-    speed its probes measured."""
-    factor = entry["speed"]["factor"]
-    sim = summarize_outcomes(simulate(perf.scaled(factor), block_size, specs, concurrency), []).to_dict()
-    return entry | {"sim_speed": sim, "compare_speed": compare(entry["real"], sim)}
 
 
 def error(sim: float | None, real: float | None) -> float | None:
@@ -342,11 +333,15 @@ def resimulate(previous: dict, workload, trace, perf, block_size, args):
 
 
 def resimulated(measured: dict, perf: ProfileModel, block_size: int, specs, concurrency: int | None) -> dict:
-    """A measured entry's real side and speed probes, simulated again."""
-    sim = summarize_outcomes(simulate(perf, block_size, specs, concurrency), []).to_dict()
+    """A measured entry (real side, speed probes, CPU) with the workload simulated from the profile (`sim`,
+    `compare`) and, where the entry has speed probes, from the profile scaled by them (`sim_speed`,
+    `compare_speed`)."""
     entry = {k: measured[k] for k in ("real", "speed", "cpu") if k in measured}
-    entry |= {"sim": sim, "compare": compare(entry["real"], sim)}
-    return with_speed(entry, perf, block_size, specs, concurrency) if "speed" in entry else entry
+    models = {"": perf} | ({"_speed": perf.scaled(entry["speed"]["factor"])} if "speed" in entry else {})
+    for suffix, model in models.items():
+        sim = summarize_outcomes(simulate(model, block_size, specs, concurrency), []).to_dict()
+        entry |= {f"sim{suffix}": sim, f"compare{suffix}": compare(entry["real"], sim)}
+    return entry
 
 
 def measure(cfg, workload, trace, perf, profile_path, block_size, levels, args):

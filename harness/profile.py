@@ -103,10 +103,6 @@ async def _token_times(engine: Engine, request: EngineRequest) -> list[float]:
     return times
 
 
-async def measure_prefill(engine: Engine, prompts: _Prompts, isl: int, repeats: int) -> float:
-    return statistics.median([await _ttft(engine, prompts, isl) for _ in range(repeats)])
-
-
 async def measure_prefill_batch(engine: Engine, prompts: _Prompts, batch: int, isl: int) -> float:
     """Until the last first token of `batch` prompts submitted together."""
     start = time.perf_counter()
@@ -289,7 +285,8 @@ async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> d
         vocab = len(await asyncio.to_thread(load_tokenizer, app.model.tokenizer_source))
         prompts = _Prompts(vocab, args.seed)
         capacity_tokens = (info.kv_capacity_blocks or 0) * info.block_size or _configured_capacity(app, pool, info)
-        await measure_prefill(engine, prompts, 64, 2)  # warm-up
+        for _ in range(2):  # warm-up
+            await _ttft(engine, prompts, 64)
         lengths = [isl for isl in (int(x) for x in args.isl.split(",")) if isl < app.model.max_model_len]
         ttft = await in_rounds(lengths, lambda isl: _ttft(engine, prompts, isl), args.repeats)
         prefill = [{"tokens": isl, "seconds": s, "tokens_per_s": isl / s} for isl, s in ttft.items()]
@@ -317,8 +314,8 @@ async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> d
         server = None
         if getattr(args, "server_url", None) and not getattr(args, "url", None):
             served = ServedEngine(args.server_url, app.model.name, app.kv_cache.block_size)
-            lengths = [int(x) for x in args.server_isl.split(",")]
-            server = await measure_server_cost(engine, served, prompts, lengths, args.repeats)
+            server_lengths = [int(x) for x in args.server_isl.split(",")]
+            server = await measure_server_cost(engine, served, prompts, server_lengths, args.repeats)
             print(f"server cost per request: {server['request_overhead_s'] * 1000:.1f} ms", flush=True)
         return {
             "schema": SCHEMA,

@@ -484,13 +484,13 @@ class SglangEngine:
     # -- life cycle -----------------------------------------------------------
 
     def _ports(self) -> EnginePorts:
-        bind = self._host if self._host != "localhost" else "127.0.0.1"
+        host = self._host  # the port helpers bind "localhost" as 127.0.0.1
         prefill = self._role is EngineRole.PREFILL
         return EnginePorts(
-            server=listen_port(bind),
-            bootstrap=_first_free_port(bind, self._engine_cfg.bootstrap_port) if prefill else None,
-            kv_events=listen_port(bind) if self._publish_kv_events else None,
-            kv_events_replay=listen_port(bind) if self._publish_kv_events else None,
+            server=listen_port(host),
+            bootstrap=_first_free_port(host, self._engine_cfg.bootstrap_port) if prefill else None,
+            kv_events=listen_port(host) if self._publish_kv_events else None,
+            kv_events_replay=listen_port(host) if self._publish_kv_events else None,
         )
 
     async def start(self) -> EngineInfo:
