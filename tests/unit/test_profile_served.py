@@ -102,23 +102,29 @@ def test_points_are_measured_in_rounds_so_a_drift_reaches_every_point_alike():
     assert medians == {10: 20.0, 20: 40.0}  # the 2:1 shape kept
 
 
-def test_server_cost_is_the_served_ttft_beyond_the_same_engine_in_process_request_by_request():
+def test_server_cost_is_the_served_ttft_beyond_the_same_engine_in_process_idle_and_busy():
     from harness.profile import measure_server_cost
 
     order = []
 
-    class _Recording(_CoalescingEngine):
-        def __init__(self, name: str, prefill_s: float) -> None:
-            super().__init__(step_s=0.001, prefill_s=prefill_s, per_chunk=1)
+    class _Recording(_MixingEngine):
+        def __init__(self, name: str, prefill_s: float, mixed_s: float) -> None:
+            super().__init__(step_s=0.002, prefill_s=prefill_s, mixed_s=mixed_s)
             self.name = name
 
         async def generate(self, request):
-            order.append(self.name)
+            if request.sampling.max_tokens == 1:
+                order.append(self.name)
             async for chunk in super().generate(request):
                 yield chunk
 
-    engine, served = _Recording("engine", 0.010), _Recording("served", 0.016)
-    cost = asyncio.run(measure_server_cost(engine, served, _Prompts(vocab_size=100, seed=0), [8, 16], repeats=2))
-    assert order == ["engine", "served"] * 4
-    assert cost["request_overhead_s"] == pytest.approx(0.006, abs=0.003)
-    assert [p["tokens"] for p in cost["points"]] == [8, 16, 8, 16]
+    # Through the server: 4 ms more when idle, 10 ms more while other requests stream.
+    engine, served = _Recording("engine", 0.010, 0.020), _Recording("served", 0.014, 0.030)
+    cost = asyncio.run(measure_server_cost(engine, served, _Prompts(vocab_size=100, seed=0), isl=8, streams=[1, 3],
+                                           repeats=2))
+    assert cost["request_overhead_s"] == pytest.approx(0.004, abs=0.003)
+    assert cost["request_overhead_busy_s"] == pytest.approx(0.010, abs=0.003)
+    assert [p["streams"] for p in cost["points"]] == [1, 3, 1, 3]
+    per_point = 12  # 3 alone, 6 mixed, 3 alone
+    assert order == (["engine"] * per_point + ["served"] * per_point) * 4
+    assert engine.decoding == served.decoding == 0
