@@ -70,7 +70,7 @@ from benchmarks import peers  # noqa: E402
 from harness.bench import hardware  # noqa: E402
 from harness.metrics import find_knee, summarize  # noqa: E402
 from harness.runner import Target, poisson_offsets, run_concurrency, run_schedule  # noqa: E402
-from harness.simulate import summarize_outcomes, to_record  # noqa: E402
+from harness.simulate import as_records, summarize_outcomes  # noqa: E402
 from harness.workloads import LengthDist, MooncakeTrace, RequestSpec, SyntheticWorkload, TokenPool  # noqa: E402
 from orchestrator.config import RoutingConfig  # noqa: E402
 from orchestrator.prompts import load_tokenizer  # noqa: E402
@@ -328,10 +328,19 @@ def main() -> None:
     print(markdown(doc))
 
 
+def every_load(points: list[dict], rate_run: dict, trace_run: dict | None) -> list[dict]:
+    """The sweep's points, the Poisson run and the trace replay (if there is one), in the measured order."""
+    return points + [rate_run] + ([trace_run] if trace_run else [])
+
+
+def loads_of(doc: dict) -> list[dict]:
+    return every_load(doc["sweep"], doc["rate_run"], doc.get("trace_run"))
+
+
 def error_summary(points, rate_run, trace_run, key: str = "compare") -> dict:
     """Largest and median |error| over all loads of the `key` comparison, for TTFT, ITL (chunk gaps, where
     the server streams token by token: real ITL p50 > 0), TPOT, e2e and throughput."""
-    entries = points + [rate_run] + ([trace_run] if trace_run else [])
+    entries = every_load(points, rate_run, trace_run)
     if not all(key in e for e in entries):
         return {}
     runs = [e[key] for e in entries]
@@ -349,8 +358,8 @@ def resimulate(previous: dict, workload, trace, perf, block_size, args):
     args.rate_requests = previous.get("rate_requests", args.rate_requests)
     levels = [pt["concurrency"] for pt in previous["sweep"]]
     loads = workload_loads(workload, trace, levels, args)
-    measured = [*previous["sweep"], previous["rate_run"]] + ([previous["trace_run"]] if previous.get("trace_run") else [])
-    entries = [label | resimulated(m, perf, block_size, specs, c) for (label, specs, c), m in zip(loads, measured)]
+    entries = [label | resimulated(m, perf, block_size, specs, c)
+               for (label, specs, c), m in zip(loads, loads_of(previous))]
     return entries[:len(levels)], entries[len(levels)], entries[len(levels) + 1] if previous.get("trace_run") else None
 
 
@@ -380,15 +389,19 @@ def pooled(runs: list[tuple[list, float]]) -> dict:
     return summarize([r for records, _ in runs for r in records], sum(d for _, d in runs), []).to_dict()
 
 
+# The figures whose round-to-round spread is reported: summary field and quantile (None: the field itself).
+REPEATABILITY = {"ttft_ms_p50": ("ttft_ms", "p50"), "tpot_ms_p50": ("tpot_ms", "p50"), "e2e_ms_p50": ("e2e_ms", "p50"),
+                 "throughput": ("request_throughput", None)}
+
+
 def combine_rounds(rounds: list[dict]) -> dict:
     """A load measured in rounds (each: records, duration, speed, cpu): the pooled real summary, each round's own,
     the speed factors, and how far the rounds' p50s are apart (max - min over their mean: what the real engine
     itself repeats to)."""
     per_round = [summarize(r["records"], r["duration"], []).to_dict() for r in rounds]
     spread = {}
-    for metric, read in (("ttft_ms_p50", lambda x: x["ttft_ms"]["p50"]), ("tpot_ms_p50", lambda x: x["tpot_ms"]["p50"]),
-                         ("e2e_ms_p50", lambda x: x["e2e_ms"]["p50"]), ("throughput", lambda x: x["request_throughput"])):
-        values = [read(x) for x in per_round if read(x)]
+    for metric, (field, quantile) in REPEATABILITY.items():
+        values = [v for v in (x[field][quantile] if quantile else x[field] for x in per_round) if v]
         spread[metric] = (max(values) - min(values)) / statistics.mean(values) if len(values) > 1 else None
     factors = [r["speed"]["factor"] for r in rounds]
     return {"real": pooled([(r["records"], r["duration"]) for r in rounds]),
@@ -405,11 +418,8 @@ def resimulated(measured: dict, perf: ProfileModel, block_size: int, specs, conc
     sim = summarize_outcomes(simulate(perf, block_size, specs, concurrency), []).to_dict()
     entry |= {"sim": sim, "compare": compare(entry["real"], sim)}
     if "speed" in entry:
-        runs = []
-        for factor in entry["speed"].get("factors", [entry["speed"]["factor"]]):
-            outcomes = simulate(perf.scaled(factor), block_size, specs, concurrency)
-            runs.append(([to_record(o) for o in outcomes], summarize_outcomes(outcomes, []).duration_s))
-        sim_speed = pooled(runs)
+        sim_speed = pooled([as_records(simulate(perf.scaled(factor), block_size, specs, concurrency))
+                            for factor in entry["speed"].get("factors", [entry["speed"]["factor"]])])
         entry |= {"sim_speed": sim_speed, "compare_speed": compare(entry["real"], sim_speed)}
     return entry
 
@@ -470,7 +480,7 @@ def markdown(doc: dict) -> str:
                  f"max {m['max_num_seqs']} sequences, decode {'fitted' if m['decode_fit'] else 'interpolated'}.\n")
     text += _summary_line(doc.get("summary"))
     if doc.get("summary_speed"):
-        entries = doc["sweep"] + [doc["rate_run"]] + ([doc["trace_run"]] if doc.get("trace_run") else [])
+        entries = loads_of(doc)
         factors = [e["speed"]["factor"] for e in entries]
         text += (f"\n### At the speed the probes measured\n\nThe same profile scaled, per workload, by the speed "
                  f"probe's time around it over its time right after the profile ({PROBE_REQUESTS} unique "
@@ -485,7 +495,7 @@ def markdown(doc: dict) -> str:
 
 def _repeatability(doc: dict) -> str:
     """How far apart the real side's rounds came out, per load ((max - min) / mean of the rounds' p50s)."""
-    entries = doc["sweep"] + [doc["rate_run"]] + ([doc["trace_run"]] if doc.get("trace_run") else [])
+    entries = loads_of(doc)
     if not all(e.get("repeatability") for e in entries):
         return ""
     labels = [f"c={e['concurrency']}" for e in doc["sweep"]] + [f"Poisson {doc['rate_run']['rate']} req/s"] + (
@@ -494,7 +504,7 @@ def _repeatability(doc: dict) -> str:
             "turn (prompts relabeled each round, so no round hits another's prefix cache); the tables above pool "
             "the rounds. How far apart the rounds' own p50s came out ((max - min) / mean):\n",
             "| load | TTFT p50 | TPOT p50 | e2e p50 | req/s |", "|---|---|---|---|---|"]
-    metrics = ("ttft_ms_p50", "tpot_ms_p50", "e2e_ms_p50", "throughput")
+    metrics = tuple(REPEATABILITY)
     for label, e in zip(labels, entries):
         rows.append(f"| {label} | " + " | ".join(_pct(e["repeatability"][m]).lstrip("+") for m in metrics) + " |")
     spread = {m: sorted(e["repeatability"][m] for e in entries if e["repeatability"][m] is not None) for m in metrics}

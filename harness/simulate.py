@@ -64,12 +64,16 @@ def to_record(o: RequestOutcome) -> RequestRecord:
                          cached_tokens=o.cached_tokens, error=None if o.finished else "unfinished")
 
 
-def summarize_outcomes(outcomes: Sequence[RequestOutcome], slo) -> RunResult:
+def as_records(outcomes: Sequence[RequestOutcome]) -> tuple[list[RequestRecord], float]:
+    """The outcomes as the harness's records, and the run's duration (first arrival to last token)."""
     if not outcomes:
-        return summarize([], 0.0, slo)
+        return [], 0.0
     end = max((o.token_times[-1] for o in outcomes if o.token_times), default=0.0)
-    duration = end - min(o.arrival_s for o in outcomes)
-    return summarize([to_record(o) for o in outcomes], duration, slo)
+    return [to_record(o) for o in outcomes], end - min(o.arrival_s for o in outcomes)
+
+
+def summarize_outcomes(outcomes: Sequence[RequestOutcome], slo) -> RunResult:
+    return summarize(*as_records(outcomes), slo)
 
 
 def simulate(spec: ClusterSpec, engine: SimEngineConfig, specs: Sequence[RequestSpec], seed: int,

@@ -30,15 +30,28 @@ def test_one_client_at_a_time_always_finds_the_server_idle():
     assert [o.ttft_s for o in outcomes] == pytest.approx([IDLE_S + PREFILL_S] * 3)
 
 
+def _sent_at(times: tuple[float, ...], max_tokens: tuple[int, ...]) -> list[RequestSpec]:
+    return [RequestSpec(r.prompt_token_ids, n, arrival_s=t)
+            for r, t, n in zip(_requests(len(times)), times, max_tokens)]
+
+
 def test_a_request_sent_while_another_is_in_flight_pays_the_busy_cost():
-    # the second is sent 5 ms in, while the first is being prefilled; the third after both are done
-    arrivals = [RequestSpec(r.prompt_token_ids, r.max_tokens, arrival_s=t)
-                for r, t in zip(_requests(3), (0.0, 0.005, 1.0))]
+    # The first reaches the engine at 3 ms (idle), is prefilled by 13 ms and then decodes a token every 2 ms
+    # (steps end at 15, 17, ...). The second, sent at 20.5 ms while the first decodes, reaches the engine
+    # at 28.5 ms (busy: 8 ms), joins the step that starts at 29 (its prefill and the first's decode:
+    # 12 ms): first token at 41 ms, 20.5 ms after its send. At the idle cost it would reach the engine at
+    # 23.5 ms and have its first token at 37 ms. The third, sent after both are done, finds the server idle.
+    arrivals = _sent_at((0.0, 0.0205, 1.0), (50, 4, 4))
     first, second, third = sorted(_sim().run(arrivals), key=lambda o: o.arrival_s)
-    assert (first.arrival_s, second.arrival_s, third.arrival_s) == pytest.approx((0.0, 0.005, 1.0))
+    assert (first.arrival_s, second.arrival_s, third.arrival_s) == pytest.approx((0.0, 0.0205, 1.0))
     assert first.ttft_s == pytest.approx(IDLE_S + PREFILL_S)
-    assert second.ttft_s >= BUSY_S + PREFILL_S
+    assert second.ttft_s == pytest.approx(0.0205)
     assert third.ttft_s == pytest.approx(IDLE_S + PREFILL_S)
+
+    idle_only = _sim()
+    idle_only.perf.request_overhead_busy_s = None
+    second_at_idle_cost = sorted(idle_only.run(arrivals), key=lambda o: o.arrival_s)[1]
+    assert second_at_idle_cost.ttft_s == pytest.approx(0.0165)
 
 
 def test_a_rounds_copy_keeps_lengths_shared_prefixes_and_arrivals_with_other_tokens():
@@ -51,8 +64,7 @@ def test_a_rounds_copy_keeps_lengths_shared_prefixes_and_arrivals_with_other_tok
     specs = [RequestSpec(shared + (50, 51), 4, arrival_s=0.5), RequestSpec(shared + (60,), 8, arrival_s=1.0)]
     assert relabeled(specs, pool, 0) == specs
     a, b = relabeled(specs, pool, 1)
-    assert [(len(a.prompt_token_ids), a.max_tokens, a.arrival_s), (len(b.prompt_token_ids), b.max_tokens, b.arrival_s)] \
-        == [(34, 4, 0.5), (33, 8, 1.0)]
+    assert [(len(r.prompt_token_ids), r.max_tokens, r.arrival_s) for r in (a, b)] == [(34, 4, 0.5), (33, 8, 1.0)]
     assert a.prompt_token_ids[:32] == b.prompt_token_ids[:32] != shared
     assert set(a.prompt_token_ids) <= set(pool.ids)
     assert relabeled(specs, pool, 1) == [a, b] != relabeled(specs, pool, 2)
