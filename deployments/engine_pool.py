@@ -11,17 +11,27 @@ from typing import Any
 import ray
 from ray import serve
 
-from orchestrator.config import AppConfig, PlannerMode
+from orchestrator.config import AppConfig, DataPlane, PlannerMode
 from orchestrator.engines import create_engine
 from orchestrator.engines.base import EngineRole
+from orchestrator.engines.ports import listen_port
 from orchestrator.planner.observer import ReplicaLoadWindow
 from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
+from orchestrator.wire.server import StreamServer
 
 log = logging.getLogger("ray.serve")
+
+# A replica being scaled down stops getting requests and has this long
+# (Serve's graceful_shutdown_timeout_s) to finish its streams.
+DRAIN_TIMEOUT_S = 300.0
 
 
 @serve.deployment
 class EnginePool:
+    """Serves `generate`/`prefill` both as Serve handle methods and, with
+    `frontend.data_plane: direct`, over its own data-plane port (published in
+    its EngineInfo as `stream_port`), through the same methods."""
+
     async def __init__(self, config: dict[str, Any], role: str) -> None:
         app = AppConfig.model_validate(config)
         self.role = EngineRole(role)
@@ -34,6 +44,11 @@ class EnginePool:
         self.window = (ReplicaLoadWindow(app.planner.interval_s, peak_window_s=app.planner.peak_window_s)
                        if app.planner.mode is not PlannerMode.OFF else None)
         self.info = await self.engine.start()
+        self.streams: StreamServer | None = None
+        if app.frontend.data_plane is DataPlane.DIRECT:
+            self.streams = StreamServer(self)
+            port = await self.streams.start(host, listen_port(host))
+            self.info = dataclasses.replace(self.info, stream_port=port)
         log.info("%s replica %s ready: %s", self.role.value, self.replica_id, self.info)
 
     # -- requests -------------------------------------------------------------
@@ -103,7 +118,17 @@ class EnginePool:
     async def check_health(self) -> None:
         await self.engine.check_health()
 
-    def __del__(self) -> None:
+    async def __del__(self) -> None:
+        """Serve has stopped routing here and drained its own calls; the direct
+        streams finish too (new ones are refused, the frontend routes them
+        elsewhere) before the engine stops."""
+        streams = getattr(self, "streams", None)
+        if streams is not None:
+            # Within Serve's budget, which its own drain has already used from.
+            left = await streams.drain(0.9 * DRAIN_TIMEOUT_S)
+            if left:
+                log.warning("%d streams still running at the end of the drain", left)
+            streams.close()
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.shutdown()

@@ -16,7 +16,7 @@ from deployments.pool_client import ServePoolClient
 from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.app import AppHooks, Health, build_openai_app
 from orchestrator.api.service import CompletionService, ModelCard
-from orchestrator.config import PRIMARY_GROUP, AppConfig
+from orchestrator.config import PRIMARY_GROUP, AppConfig, DataPlane
 from orchestrator.engines import publishes_kv_events
 from orchestrator.kv.index import KVIndex
 from orchestrator.kv.ingest import KVEventIngest
@@ -26,6 +26,7 @@ from orchestrator.request_path import RequestPath
 from orchestrator.routing import make_scheduler
 from orchestrator.routing.report import SchedulerCollector
 from orchestrator.routing.shape import CombinedLoad, ShapeRouter
+from orchestrator.wire.client import ReplicaStreams
 
 log = logging.getLogger("ray.serve")
 
@@ -48,9 +49,11 @@ class Frontend:
         # Every pool of every group by deployment name, and per group its (decode, prefill) clients.
         self.pools: dict[str, ServePoolClient] = {}
         self.groups: dict[str, tuple[ServePoolClient, ServePoolClient | None]] = {}
+        # One data-plane connection per replica, shared by every pool and request.
+        self.streams = ReplicaStreams() if app.frontend.data_plane is DataPlane.DIRECT else None
         for group, (decode, prefill) in handles.items():
-            decode_client = ServePoolClient(decode)
-            prefill_client = ServePoolClient(prefill) if prefill is not None else None
+            decode_client = ServePoolClient(decode, self.streams)
+            prefill_client = ServePoolClient(prefill, self.streams) if prefill is not None else None
             self.groups[group] = (decode_client, prefill_client)
             for client in (decode_client, prefill_client):
                 if client is not None:
@@ -146,3 +149,5 @@ class Frontend:
     async def __del__(self) -> None:
         for task in getattr(self, "_background", []):
             task.cancel()
+        if getattr(self, "streams", None) is not None:
+            self.streams.close()

@@ -43,8 +43,20 @@ class PinnedRequestRouter(FIFOMixin, RequestRouter):
         router_registry.register(self._deployment_id.app_name, self._deployment_id.name, self)
 
     def replica_views(self) -> list[ReplicaView]:
-        replicas = list(self.curr_replicas.values())
-        return sorted((_view(r) for r in replicas), key=lambda v: v.replica_id)
+        """Live replicas by id, rebuilt only when the replica set or a
+        replica's published metadata or load report changed."""
+        # Serve hands the router new RunningReplica objects whenever a
+        # replica's info changes: their identities are the version.
+        replicas = tuple(self.curr_replicas.values())
+        cached = getattr(self, "_views_of", None)
+        if cached is None or len(cached) != len(replicas) or any(a is not b for a, b in zip(cached, replicas)):
+            views = sorted((_view(r) for r in replicas), key=lambda v: v.replica_id)
+            self._views, self._views_by_id, self._views_of = views, {v.replica_id: v for v in views}, replicas
+        return self._views
+
+    def replica_view(self, replica_id: str) -> ReplicaView | None:
+        self.replica_views()
+        return self._views_by_id.get(replica_id)
 
     async def choose_replicas(
         self,

@@ -85,8 +85,10 @@ def app_config(policy: str, args: argparse.Namespace) -> AppConfig:
                               planner__decode=bounds, **base)
     if policy == "ray-default":
         autoscaling = {**SERVE_DEFAULT_AUTOSCALING, **bounds}
+        # Serve's autoscaler counts the requests its handles carry.
         return shipped_config(config, args.model_dir, prefill_pool__replicas=1, decode_pool__replicas=1,
-                              prefill_pool__autoscaling=autoscaling, decode_pool__autoscaling=autoscaling, **base)
+                              prefill_pool__autoscaling=autoscaling, decode_pool__autoscaling=autoscaling,
+                              frontend__data_plane="serve", **base)
     prefill, decode = (int(n) for n in args.static.split("+"))
     return shipped_config(config, args.model_dir, prefill_pool__replicas=prefill, decode_pool__replicas=decode, **base)
 

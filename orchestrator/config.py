@@ -242,6 +242,13 @@ class AuthConfig(_Strict):
     )
 
 
+class DataPlane(str, enum.Enum):
+    """How requests and their tokens travel between a frontend and the pool replicas."""
+
+    DIRECT = "direct"  # one TCP connection per (frontend, replica), msgpack frames (orchestrator/wire)
+    SERVE = "serve"  # Serve deployment-handle calls, each streamed chunk through Ray
+
+
 class FrontendConfig(_Strict):
     replicas: PositiveInt = 1
     num_cpus: float = Field(default=1.0, ge=0)
@@ -262,6 +269,12 @@ class FrontendConfig(_Strict):
     )
     limits: LimitsConfig = LimitsConfig()
     auth: AuthConfig = AuthConfig()
+    data_plane: DataPlane = Field(
+        default=DataPlane.DIRECT,
+        description="direct: requests and tokens go over the frontend's own connections to each replica, Serve "
+        "only tells which replicas exist; serve: through Serve deployment handles (what Serve's own autoscaler "
+        "counts).",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> "FrontendConfig":
@@ -528,6 +541,9 @@ class AppConfig(_Strict):
         if self.planner.mode is PlannerMode.ACT and any(p.autoscaling for p in self.pools().values()):
             raise ValueError("a pool's `autoscaling` (Ray Serve's autoscaler) and planner.mode act both resize it: "
                              "choose one")
+        if self.frontend.data_plane is DataPlane.DIRECT and any(p.autoscaling for p in self.all_pools().values()):
+            raise ValueError("a pool's `autoscaling` (Ray Serve's autoscaler) counts requests sent through Serve "
+                             "handles only: set frontend.data_plane: serve with it")
         if self.planner.mode is not PlannerMode.OFF:
             if self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None:
                 raise ValueError("planner.mode needs both sla.ttft_p99_ms and sla.itl_p50_ms")

@@ -75,6 +75,8 @@ class EngineInfo:
     # False: a decode engine that computes no prompt itself (SGLang's decode
     # mode); every request it serves needs a remote prefill.
     prefills_locally: bool = True
+    # The replica's direct data-plane port on `host` (orchestrator/wire); None: reach it through Serve only.
+    stream_port: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

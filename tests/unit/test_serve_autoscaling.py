@@ -21,7 +21,7 @@ def _decode_deployment(config):
 
 
 def test_a_pool_can_use_serve_s_default_autoscaler():
-    config = shipped_config(SIM, "/models/x", decode_pool__replicas=2,
+    config = shipped_config(SIM, "/models/x", decode_pool__replicas=2, frontend__data_plane="serve",
                             decode_pool__autoscaling={"max_replicas": 6})
     autoscaling = _decode_deployment(config)._deployment_config.autoscaling_config
     assert autoscaling.target_ongoing_requests == 2
@@ -38,6 +38,13 @@ def test_serve_autoscaling_and_the_acting_planner_are_exclusive():
 def test_serve_autoscaling_bounds_are_checked():
     with pytest.raises(ValidationError, match="min_replicas 3 > max_replicas 2"):
         shipped_config(SIM, "/models/x", decode_pool__autoscaling={"min_replicas": 3, "max_replicas": 2})
+
+
+def test_serve_autoscaling_needs_the_serve_data_plane():
+    """Serve's autoscaler counts only requests its handles carry: on the direct
+    data plane it would see every pool idle."""
+    with pytest.raises(ValidationError, match="frontend.data_plane: serve"):
+        shipped_config(SIM, "/models/x", decode_pool__autoscaling={"max_replicas": 6})
 
 
 def test_the_real_time_experiment_builds_each_policy_s_application():

@@ -1,0 +1,212 @@
+"""The frontend's end of the direct data plane.
+
+`ReplicaStreams` holds one connection per replica address, opened on first
+use and again after it breaks. Each call is one stream on it:
+
+    generate(req):  GENERATE; yield chunks as they arrive, merged into one
+                    while the consumer lags (no token lost, fewer events);
+                    closed early -> CANCEL (the replica aborts the request)
+    prefill(req):   PREFILL; await RESULT; cancelled -> CANCEL
+    ERROR rejected -> EngineRequestRejected; failed, draining, connection
+    lost -> EngineError (the request path falls back or migrates)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+from orchestrator.engines.base import EngineError, EngineRequestRejected
+from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
+from orchestrator.wire.frames import ErrorKind, FrameReader, Op, ProtocolError, encode
+
+_END = object()
+
+
+class ReplicaDraining(EngineError):
+    """The replica is shutting down and took no part of the request."""
+
+
+def merge_chunks(chunks: list[EngineChunk]) -> EngineChunk:
+    """Consecutive chunks of one stream as one: tokens and text joined, the
+    prompt counts of the first chunk that has them, the last finish."""
+    if len(chunks) == 1:
+        return chunks[0]
+    first = next((c for c in chunks if c.num_prompt_tokens), chunks[0])
+    last = chunks[-1]
+    return EngineChunk(
+        token_ids=tuple(t for c in chunks for t in c.token_ids),
+        text="".join(c.text for c in chunks),
+        finish_reason=last.finish_reason,
+        stop_reason=last.stop_reason,
+        num_prompt_tokens=first.num_prompt_tokens,
+        num_cached_tokens=first.num_cached_tokens,
+    )
+
+
+def _error(kind: ErrorKind, message: str) -> Exception:
+    if kind is ErrorKind.REJECTED:
+        return EngineRequestRejected(message)
+    if kind is ErrorKind.DRAINING:
+        return ReplicaDraining(message)
+    return EngineError(message)
+
+
+class _Stream:
+    """What arrived for one stream and not yet consumed."""
+
+    __slots__ = ("items", "waiter")
+
+    def __init__(self) -> None:
+        self.items: collections.deque[Any] = collections.deque()
+        self.waiter: asyncio.Future | None = None
+
+    def put(self, item: Any) -> None:
+        self.items.append(item)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def wait(self) -> None:
+        while not self.items:
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.streams: dict[int, _Stream] = {}
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._reader = FrameReader(self._on_frame)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            self._reader.feed(data)
+        except ProtocolError as e:
+            self._fail(EngineError(f"data-plane protocol error: {e}"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(EngineError(f"data-plane connection lost{f': {exc}' if exc else ''}"))
+
+    def _fail(self, error: Exception) -> None:
+        self.closed = True
+        if self.transport is not None:
+            self.transport.close()
+        for stream in self.streams.values():
+            stream.put(error)
+
+    def _on_frame(self, op: Op, stream_id: int, payload: Any) -> None:
+        stream = self.streams.get(stream_id)
+        if stream is None:
+            return  # a stream this side already closed
+        if op is Op.CHUNKS:
+            stream.items.extend(payload)
+            if stream.waiter is not None and not stream.waiter.done():
+                stream.waiter.set_result(None)
+        elif op is Op.RESULT:
+            stream.put(payload)
+        elif op is Op.END:
+            stream.put(_END)
+        elif op is Op.ERROR:
+            stream.put(_error(*payload))
+        else:
+            raise ProtocolError(f"a server does not send {op.name}")
+
+    def send(self, frame: bytes) -> None:
+        if self.closed or self.transport is None:
+            raise EngineError("data-plane connection is closed")
+        self.transport.write(frame)
+
+
+class ReplicaStreams:
+    """Connections to replicas by (host, port); safe for many concurrent calls."""
+
+    def __init__(self, connect_timeout_s: float = 5.0) -> None:
+        self.connect_timeout_s = connect_timeout_s
+        self._connections: dict[tuple[str, int], _Connection] = {}
+        self._connecting: dict[tuple[str, int], asyncio.Future] = {}
+        self._ids = itertools.count(1)
+
+    async def _connection(self, address: tuple[str, int]) -> _Connection:
+        conn = self._connections.get(address)
+        if conn is not None and not conn.closed:
+            return conn
+        pending = self._connecting.get(address)
+        if pending is None:
+            pending = asyncio.ensure_future(self._open(address))
+            self._connecting[address] = pending
+            pending.add_done_callback(lambda _: self._connecting.pop(address, None))
+        return await asyncio.shield(pending)
+
+    async def _open(self, address: tuple[str, int]) -> _Connection:
+        loop = asyncio.get_running_loop()
+        try:
+            _, conn = await asyncio.wait_for(loop.create_connection(_Connection, *address), self.connect_timeout_s)
+        except (OSError, asyncio.TimeoutError) as e:
+            raise EngineError(f"cannot reach replica at {address[0]}:{address[1]}: {e!r}") from e
+        self._connections[address] = conn
+        return conn
+
+    async def _open_stream(self, address: tuple[str, int], op: Op,
+                           request: EngineRequest) -> tuple[_Connection, int, _Stream]:
+        conn = await self._connection(address)
+        stream_id, stream = next(self._ids), _Stream()
+        conn.streams[stream_id] = stream
+        conn.send(encode(op, stream_id, request))
+        return conn, stream_id, stream
+
+    @staticmethod
+    def _close_stream(conn: _Connection, stream_id: int, finished: bool) -> None:
+        conn.streams.pop(stream_id, None)
+        if not finished and not conn.closed:
+            conn.send(encode(Op.CANCEL, stream_id))
+
+    async def generate(self, address: tuple[str, int], request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        conn, stream_id, stream = await self._open_stream(address, Op.GENERATE, request)
+        finished = False
+        try:
+            while True:
+                await stream.wait()
+                chunks, end = [], None
+                while stream.items:
+                    item = stream.items.popleft()
+                    if isinstance(item, EngineChunk):
+                        chunks.append(item)
+                    else:
+                        end = item
+                        break
+                if chunks:
+                    yield merge_chunks(chunks)
+                if end is _END:
+                    finished = True
+                    return
+                if end is not None:
+                    finished = True
+                    raise end
+        finally:
+            self._close_stream(conn, stream_id, finished)
+
+    async def prefill(self, address: tuple[str, int], request: EngineRequest) -> PrefillResult:
+        conn, stream_id, stream = await self._open_stream(address, Op.PREFILL, request)
+        finished = False
+        try:
+            await stream.wait()
+            item = stream.items.popleft()
+            finished = True
+            if isinstance(item, Exception):
+                raise item
+            return item
+        finally:
+            self._close_stream(conn, stream_id, finished)
+
+    def close(self) -> None:
+        for conn in self._connections.values():
+            if conn.transport is not None:
+                conn.transport.close()
+        self._connections.clear()
