@@ -5,6 +5,9 @@ Systems, all on this machine with the same tiny model and the same CPU engine
 settings (`process_env` of the shipped config: OpenMP passive, queues polled
 by our vLLM plugin; vLLM's server loads the same plugin from this venv):
   bare        vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`), one engine
+  bare-pd     two vLLM OpenAI servers joined by NixlConnector (prefill: kv_producer, decode:
+              kv_consumer, as our pools), the client acting as the proxy (`pd_completion`):
+              the floor a disaggregated request costs with no serving layer at all
   agg         ours, configs/agg-cpu.yaml (frontend + one engine)
   disagg      ours, configs/disagg-cpu.yaml (frontend + prefill engine + decode engine, NIXL)
   agg-serve   ours aggregated with `frontend.data_plane: serve` (tokens through Serve handles:
@@ -44,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import peers  # noqa: E402
-from harness.client import RequestRecord, stream_completion  # noqa: E402
+from harness.client import RequestRecord, pd_completion, stream_completion  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
 HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
@@ -52,6 +55,7 @@ HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 EXPECTED_ROUTE = {"agg": "aggregated", "disagg": "remote_prefill", "agg-serve": "aggregated"}
 COUNTERS = ("orchestrator_route_decisions_total", "orchestrator_prefill_fallbacks_total",
             "orchestrator_decode_migrations_total")
+HOPS = ("orchestrator_request_hop_seconds_sum", "orchestrator_request_hop_seconds_count")
 
 
 def start_ours(port: int, serve_path: bool) -> dict[str, str]:
@@ -82,14 +86,27 @@ async def wait_ready(client: httpx.AsyncClient, url: str, timeout_s: float = 900
     raise TimeoutError(url)
 
 
-async def counters(client: httpx.AsyncClient, url: str) -> dict[str, float]:
-    """Our app's route, fallback and migration counters, by series."""
+async def counters(client: httpx.AsyncClient, url: str, names=COUNTERS) -> dict[str, float]:
+    """Our app's route, fallback and migration counters (or other `names`), by series."""
     text = (await client.get(f"{url}/metrics")).text
     out = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
-            if s.name in COUNTERS:
+            if s.name in names:
                 out[s.name + json.dumps(s.labels, sort_keys=True)] = s.value
+    return out
+
+
+def hop_means_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """Mean time per request in each hop between two reads of the hop histogram."""
+    delta = route_of(before, after)
+    out = {}
+    for key, total in delta.items():
+        if key.startswith(HOPS[0]):
+            labels = key[len(HOPS[0]):]
+            count = delta.get(HOPS[1] + labels, 0)
+            if count:
+                out[json.loads(labels)["hop"]] = 1000 * total / count
     return out
 
 
@@ -131,8 +148,9 @@ def summarize(records: list[RequestRecord]) -> dict:
     }
 
 
-async def run_batch(client: httpx.AsyncClient, url: str, bodies: list[dict], concurrency: int,
+async def run_batch(client: httpx.AsyncClient, url: str | tuple[str, str], bodies: list[dict], concurrency: int,
                     per_request_route: bool, system: str, violations: list[str]) -> list[RequestRecord]:
+    # `url` is a (prefill, decode) pair for bare-pd.
     """`bodies` through `url` at `concurrency`; at c=1 each request's route is checked."""
     records: list[RequestRecord] = []
     queue = list(bodies)
@@ -141,7 +159,10 @@ async def run_batch(client: httpx.AsyncClient, url: str, bodies: list[dict], con
         while queue:
             body = queue.pop(0)
             before = await counters(client, url) if per_request_route else None
-            rec = await stream_completion(client, f"{url}/v1/completions", body)
+            if isinstance(url, tuple):  # bare-pd: (prefill URL, decode URL)
+                rec = await pd_completion(client, f"{url[0]}/v1/completions", f"{url[1]}/v1/completions", body)
+            else:
+                rec = await stream_completion(client, f"{url}/v1/completions", body)
             records.append(rec)
             if before is not None:
                 problem = check_route(system, route_of(before, await counters(client, url)), 1)
@@ -157,9 +178,10 @@ async def run(args) -> dict:
     assert args.isl > cfg.routing.local_prefill_max_tokens, "prompts must be long enough to be prefilled remotely"
     serve_port = peers.free_port()
     log = ROOT / "benchmarks" / "results" / "frontend_overhead.log"
-    with peers.vllm_servers(1, cfg, log) as (bare_url,):
-        urls = {"bare": bare_url, **start_ours(serve_port, args.serve_path)}
-        ours = [name for name in urls if name != "bare"]
+    with peers.vllm_servers(1, cfg, log) as (bare_url,), peers.vllm_pd_servers(cfg, log) as bare_pd:
+        urls = {"bare": bare_url, "bare-pd": bare_pd, **start_ours(serve_port, args.serve_path)}
+        ours = [name for name in urls if not name.startswith("bare")]
+        hops: dict[int, dict[str, list[dict[str, float]]]] = {}
         rng = random.Random(args.seed)
         records: dict[int, dict[str, list[RequestRecord]]] = {}
         violations: list[str] = []
@@ -167,9 +189,11 @@ async def run(args) -> dict:
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
         async with httpx.AsyncClient(timeout=300, limits=limits) as client:
             for url in urls.values():
-                await wait_ready(client, f"{url}/health")
+                for u in (url if isinstance(url, tuple) else (url,)):
+                    await wait_ready(client, f"{u}/health")
             for c in args.concurrency:
                 records[c] = {name: [] for name in urls}
+                hops[c] = {name: [] for name in ours}
                 for rnd in range(args.rounds):
                     n = args.requests + (args.warmup if rnd == 0 else 0)
                     bodies = [{"model": cfg.model.name, "prompt": [rng.randrange(10, 600) for _ in range(args.isl)],
@@ -178,6 +202,7 @@ async def run(args) -> dict:
                     rng.shuffle(order)
                     for name in order:
                         before = await counters(client, urls[name]) if name in ours else None
+                        hops_before = await counters(client, urls[name], HOPS) if name in ours else None
                         kv_before = await kv_transfer(client, urls[name]) if name == "disagg" else None
                         recs = await run_batch(client, urls[name], bodies, c, c == 1 and name in ours, name,
                                                violations)
@@ -185,6 +210,7 @@ async def run(args) -> dict:
                             problem = check_route(name, route_of(before, await counters(client, urls[name])), n)
                             if problem:
                                 violations.append(problem)
+                            hops[c][name].append(hop_means_ms(hops_before, await counters(client, urls[name], HOPS)))
                         if kv_before is not None:
                             kv_after = await kv_transfer(client, urls[name])
                             transfers["count"] += kv_after[0] - kv_before[0]
@@ -195,13 +221,23 @@ async def run(args) -> dict:
     if violations:
         raise SystemExit("route check failed:\n" + "\n".join(violations[:20]))
     results = {str(c): {name: summarize(recs) for name, recs in by_system.items()} for c, by_system in records.items()}
+    # Each of ours against its bare counterpart: disagg against bare-pd, the rest against bare.
+    base = {name: "bare-pd" if name == "disagg" else "bare" for name in ours}
     ratios = {
-        c: {name: {m: r[name][k]["p50"] / r["bare"][k]["p50"] for m, k in (("ttft_p50", "ttft_ms"), ("itl_p50", "itl_ms"))}
+        c: {name: {m: r[name][k]["p50"] / r[base[name]][k]["p50"] for m, k in (("ttft_p50", "ttft_ms"), ("itl_p50", "itl_ms"))}
             for name in ours}
         for c, r in results.items()
     }
-    added = {c: {name: {"ttft_p50_ms": r[name]["ttft_ms"]["p50"] - r["bare"]["ttft_ms"]["p50"],
-                        "itl_p50_ms": r[name]["itl_ms"]["p50"] - r["bare"]["itl_ms"]["p50"]} for name in ours}
+    ratios_vs_bare = {
+        c: {name: {m: r[name][k]["p50"] / r["bare"][k]["p50"] for m, k in (("ttft_p50", "ttft_ms"), ("itl_p50", "itl_ms"))}
+            for name in (*ours, "bare-pd")}
+        for c, r in results.items()
+    }
+    hop_ms = {str(c): {name: {hop: float(np.mean([h[hop] for h in rounds if hop in h]))
+                              for hop in sorted({k for h in rounds for k in h})}
+                       for name, rounds in by_system.items()} for c, by_system in hops.items()}
+    added = {c: {name: {"ttft_p50_ms": r[name]["ttft_ms"]["p50"] - r[base[name]]["ttft_ms"]["p50"],
+                        "itl_p50_ms": r[name]["itl_ms"]["p50"] - r[base[name]]["itl_ms"]["p50"]} for name in ours}
              for c, r in results.items()}
     kv_ms = 1000 * transfers["seconds"] / transfers["count"] if transfers["count"] else None
     return {
@@ -218,8 +254,11 @@ async def run(args) -> dict:
         "kv_transfer_ms_mean": kv_ms,
         "kv_transfers": transfers["count"],
         "results": results,
-        "ratio_vs_bare": ratios,
-        "added_vs_bare": added,
+        "baseline_of": base,
+        "ratio_vs_baseline": ratios,
+        "added_vs_baseline": added,
+        "ratio_vs_bare": ratios_vs_bare,
+        "hop_mean_ms": hop_ms,
         "disagg_ttft_budget_ms": {c: r["bare"]["ttft_ms"]["p50"] + (kv_ms or 0) + 5 for c, r in results.items()},
     }
 
@@ -242,8 +281,9 @@ def main() -> None:
     make_tiny_model(peers.MODEL_DIR)
     result = asyncio.run(run(args))
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({k: result[k] for k in ("ratio_vs_bare", "added_vs_bare", "kv_transfer_ms_mean",
-                                             "disagg_ttft_budget_ms")}, indent=2))
+    print(json.dumps({k: result[k] for k in ("ratio_vs_baseline", "added_vs_baseline", "ratio_vs_bare",
+                                             "hop_mean_ms", "kv_transfer_ms_mean", "disagg_ttft_budget_ms")},
+                     indent=2))
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ another's warm prefix cache or CPU.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -122,8 +123,9 @@ def ours(config: AppConfig, log: Path) -> Iterator[str]:
         _ray_stop(python)
 
 
-def vllm_server(python: Path, port: int, cfg: AppConfig, log: Path, extra: list[str] = ()) -> subprocess.Popen:
-    env = {**os.environ, **process_env(cfg.decode_pool.engine, cfg.network)}
+def vllm_server(python: Path, port: int, cfg: AppConfig, log: Path, extra: list[str] = (),
+                env: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, **process_env(cfg.decode_pool.engine, cfg.network), **(env or {})}
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
            "--served-model-name", cfg.model.name, "--dtype", cfg.model.dtype,
            "--max-model-len", str(cfg.model.max_model_len), "--block-size", str(cfg.kv_cache.block_size),
@@ -144,6 +146,30 @@ def vllm_servers(n: int, cfg: AppConfig, log: Path) -> Iterator[list[str]]:
         for port, proc in zip(ports, procs):
             wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
         yield [f"http://127.0.0.1:{p}" for p in ports]
+    finally:
+        for proc in procs:
+            _stop(proc)
+
+
+@contextlib.contextmanager
+def vllm_pd_servers(cfg: AppConfig, log: Path) -> Iterator[tuple[str, str]]:
+    """A prefill and a decode vLLM OpenAI server joined by NixlConnector, set
+    up as our disaggregated pools are (roles, CPU buffers, NIXL backends, KV
+    read failures recomputed); yields (prefill URL, decode URL). The client
+    is the proxy: see `pd_completion`."""
+    ports = [free_port() for _ in range(2)]
+    procs = []
+    try:
+        for port, role in zip(ports, ("kv_producer", "kv_consumer")):
+            kv = {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu",
+                  "kv_connector_extra_config": {"backends": list(cfg.network.nixl_backends)},
+                  "kv_load_failure_policy": "recompute"}
+            side_channel = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
+            procs.append(vllm_server(Path(sys.executable), port, cfg, log,
+                                     extra=["--kv-transfer-config", json.dumps(kv)], env=side_channel))
+        for port, proc in zip(ports, procs):
+            wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
+        yield f"http://127.0.0.1:{ports[0]}", f"http://127.0.0.1:{ports[1]}"
     finally:
         for proc in procs:
             _stop(proc)

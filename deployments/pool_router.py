@@ -45,13 +45,15 @@ class PinnedRequestRouter(FIFOMixin, RequestRouter):
     def replica_views(self) -> list[ReplicaView]:
         """Live replicas by id, rebuilt only when the replica set or a
         replica's published metadata or load report changed."""
-        # Serve hands the router new RunningReplica objects whenever a
-        # replica's info changes: their identities are the version.
+        # Serve reuses a replica's RunningReplica and swaps in a new info (a
+        # new routing_stats dict) on every broadcast: those identities, held
+        # here so that none can be reused, are the version.
         replicas = tuple(self.curr_replicas.values())
-        cached = getattr(self, "_views_of", None)
-        if cached is None or len(cached) != len(replicas) or any(a is not b for a, b in zip(cached, replicas)):
+        version = tuple(x for r in replicas for x in (r, r.routing_stats))
+        cached = getattr(self, "_version", None)
+        if cached is None or len(cached) != len(version) or any(a is not b for a, b in zip(cached, version)):
             views = sorted((_view(r) for r in replicas), key=lambda v: v.replica_id)
-            self._views, self._views_by_id, self._views_of = views, {v.replica_id: v for v in views}, replicas
+            self._views, self._views_by_id, self._version = views, {v.replica_id: v for v in views}, version
         return self._views
 
     def replica_view(self, replica_id: str) -> ReplicaView | None:

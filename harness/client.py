@@ -111,3 +111,34 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str,
     if not record.ok:
         record.error = "no_output"
     return record
+
+
+# kv_transfer_params that ask a vLLM prefill server to keep the prompt's KV for a remote decode.
+REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                 "remote_block_ids": None, "remote_host": None, "remote_port": None}
+
+
+async def pd_completion(client: httpx.AsyncClient, prefill_url: str, decode_url: str,
+                        body: dict[str, Any]) -> RequestRecord:
+    """One request disaggregated across two vLLM servers with the client as the
+    proxy (vLLM's own P/D flow): the prefill server computes the prompt with
+    one output token and returns `kv_transfer_params`; the decode server,
+    given them, reads the KV over NIXL and streams. Timed from the prefill's
+    send, like any other request."""
+    start = time.perf_counter()
+    prefill_body = {**body, "max_tokens": 1, "stream": False, "kv_transfer_params": REMOTE_DECODE}
+    prefill_body.pop("stream_options", None)
+    try:
+        r = await client.post(prefill_url, json=prefill_body)
+    except httpx.HTTPError as e:
+        return RequestRecord(ok=False, start_s=start, error=type(e).__name__)
+    if r.status_code != 200 or not r.json().get("kv_transfer_params"):
+        return RequestRecord(ok=False, start_s=start, error=f"prefill_http_{r.status_code}")
+    record = await stream_completion(client, decode_url, {**body, "kv_transfer_params": r.json()["kv_transfer_params"]})
+    shift = record.start_s - start
+    record.start_s = start
+    if record.ttft_s is not None:
+        record.ttft_s += shift
+    if record.e2e_s is not None:
+        record.e2e_s += shift
+    return record

@@ -18,6 +18,7 @@ from orchestrator.pools import ReplicaView
 PREFIX = "orchestrator"
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 60)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05, 0.075, 0.1, 0.2, 0.5, 1, 2, 5)
+HOP_BUCKETS = (1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 300)
 
 # (stats field, metric suffix, help)
@@ -92,6 +93,12 @@ class FrontendMetrics:
         self.decision_seconds = Histogram(
             f"{PREFIX}_scheduler_decision_seconds", "Time to choose a route.", registry=r,
             buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2),
+        )
+        self.hop_seconds = Histogram(
+            f"{PREFIX}_request_hop_seconds", "Where a request's time to first token goes, by hop: prepare (body "
+            "parsed, validated, tokenized), route (scheduler), prefill (remote prefill call), first_chunk (decode "
+            "call sent to its first chunk back: the replica hop, the engine's queue and first step).",
+            ["hop"], registry=r, buckets=HOP_BUCKETS,
         )
         self.predicted_cached_tokens = Counter(
             f"{PREFIX}_predicted_cached_prompt_tokens",

@@ -112,7 +112,9 @@ class RequestPath:
         decode_replicas = self.decode_pool.replicas()
         start = self.clock()
         route = self.scheduler.route_request(request, prefill_replicas, decode_replicas)
-        self.metrics.decision_seconds.observe(self.clock() - start)
+        decided = self.clock() - start
+        self.metrics.decision_seconds.observe(decided)
+        self.metrics.hop_seconds.labels("route").observe(decided)
         trace.route = route
         self.metrics.route_decisions.labels(route.kind.value, route.reason.value if route.reason else "").inc()
         try:
@@ -145,10 +147,12 @@ class RequestPath:
                 concurrent_with = self._fallback_prefill_view(failed_prefills)
             source = (self.decode_pool.generate(request) if concurrent_with is None
                       else self._concurrent_handoff(request, concurrent_with, trace))
+            sent = self.clock()
             try:
                 async with contextlib.aclosing(source) as chunks:
                     async for chunk in chunks:
                         if chunk.num_prompt_tokens:
+                            self.metrics.hop_seconds.labels("first_chunk").observe(self.clock() - sent)
                             self.scheduler.on_prefill_done(original.request_id)
                         generated.extend(chunk.token_ids)
                         if trace.migrations and self.detokenize is not None:
@@ -263,7 +267,9 @@ class RequestPath:
                         request.request_id, type(e).__name__, e)
             trace.fallback = FallbackReason.ERROR
         else:
-            self.metrics.prefill_latency.observe(self.clock() - start)
+            took = self.clock() - start
+            self.metrics.prefill_latency.observe(took)
+            self.metrics.hop_seconds.labels("prefill").observe(took)
             self.metrics.kv_handoffs.inc()
             self.metrics.kv_handoff_blocks.inc(result.kv_transfer.num_blocks)
             trace.prefill = result

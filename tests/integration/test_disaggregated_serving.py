@@ -52,23 +52,72 @@ def chat_text(apps, app: str, body: dict) -> str:
     return r.json()["choices"][0]["message"]["content"]
 
 
+def route_counts(apps, app: str) -> dict[str, float]:
+    """The app's routing decisions so far, by route kind."""
+    return {kind: apps.metric(app, "orchestrator_route_decisions_total", {"kind": kind})
+            for kind in ("remote_prefill", "local_prefill", "aggregated")}
+
+
+def routed(apps, app: str, send):
+    """`send()`'s result and the one route kind it took; fails on a prefill
+    fallback or a migration (the counters would then not name one route)."""
+    before = route_counts(apps, app)
+    fallbacks = apps.metric(app, "orchestrator_prefill_fallbacks_total")
+    result = send()
+    after = route_counts(apps, app)
+    took = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+    assert len(took) == 1 and list(took.values()) == [1], took
+    assert apps.metric(app, "orchestrator_prefill_fallbacks_total") == fallbacks
+    return result, next(iter(took))
+
+
+# Prompts of 12 and 150 words are under the config's local_prefill_max_tokens
+# (512) and prefill on the decode replica; 700 words cross NIXL.
+ROUTE_BY_WORDS = {12: "local_prefill", 150: "local_prefill", 700: "remote_prefill"}
+
+
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-@pytest.mark.parametrize("n_words", [12, 150, 700])
+@pytest.mark.parametrize("n_words", sorted(ROUTE_BY_WORDS))
 def test_greedy_completion_disaggregated_equals_aggregated(apps, n_words, stream):
-    body = {"model": MODEL, "prompt": text_prompt(n_words, seed=n_words), "max_tokens": 24,
+    # A prompt of its own per case: a repeat would find its KV cached on a decode replica and stay local.
+    body = {"model": MODEL, "prompt": text_prompt(n_words, seed=n_words + 1000 * stream), "max_tokens": 24,
             "temperature": 0, "ignore_eos": True, "stream": stream}
-    disagg = completion_text(apps, "disagg", body)
+    disagg, route = routed(apps, "disagg", lambda: completion_text(apps, "disagg", body))
+    assert route == ROUTE_BY_WORDS[n_words]
     agg = completion_text(apps, "agg", body)
     assert disagg and disagg == agg
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
-def test_greedy_chat_disaggregated_equals_aggregated(apps, stream):
+@pytest.mark.parametrize("user_words", [120, 700], ids=["local", "remote"])
+def test_greedy_chat_disaggregated_equals_aggregated(apps, stream, user_words):
     body = {"model": MODEL, "max_tokens": 24, "temperature": 0, "ignore_eos": True, "stream": stream,
             "messages": [{"role": "system", "content": text_prompt(40, seed=1)},
-                         {"role": "user", "content": text_prompt(120, seed=2)}]}
-    disagg = chat_text(apps, "disagg", body)
+                         {"role": "user", "content": text_prompt(user_words, seed=2 + 1000 * stream)}]}
+    disagg, route = routed(apps, "disagg", lambda: chat_text(apps, "disagg", body))
+    assert route == ("remote_prefill" if user_words == 700 else "local_prefill")
     assert disagg and disagg == chat_text(apps, "agg", body)
+
+
+def test_a_long_prompt_goes_remote_and_a_short_one_stays_local(apps):
+    """Conditional disaggregation, read from the counters: each request takes
+    one route, the long one through the prefill pool (a KV handoff counted),
+    the short one prefilled on the decode replica."""
+    handoffs = apps.metric("disagg", "orchestrator_kv_handoffs_total")
+    long_body = {"model": MODEL, "prompt": token_prompt(1024, seed=77), "max_tokens": 4}
+    short_body = {"model": MODEL, "prompt": token_prompt(64, seed=78), "max_tokens": 4}
+    _, long_route = routed(apps, "disagg", lambda: apps.post("disagg", "/v1/completions", long_body))
+    assert apps.metric("disagg", "orchestrator_kv_handoffs_total") == handoffs + 1
+    _, short_route = routed(apps, "disagg", lambda: apps.post("disagg", "/v1/completions", short_body))
+    assert (long_route, short_route) == ("remote_prefill", "local_prefill")
+    assert apps.metric("disagg", "orchestrator_kv_handoffs_total") == handoffs + 1
+
+
+def test_every_replica_publishes_its_data_plane_port(apps):
+    """The default data plane is direct: each replica of every pool tells the
+    frontend where to send it requests, so no token travels through Serve."""
+    for pool, replicas in apps.pools("disagg").items():
+        assert replicas and all(r["info"]["stream_port"] for r in replicas), pool
 
 
 def test_decode_engine_pulls_the_prompt_kv_instead_of_computing_it(apps):
