@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import peers  # noqa: E402
+from deployments.ingress import ingress_env, stop_orphaned_haproxy  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
 
@@ -169,7 +170,7 @@ def main() -> None:
     p.add_argument("--data-planes", default="direct,serve", help="ours with these frontend.data_plane values")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "frontend_capacity.json"))
     args = p.parse_args()
-    os.environ.update(peers.INGRESS_ENV)
+    os.environ.update(ingress_env())  # before Ray starts: its processes inherit it
     make_tiny_model(peers.MODEL_DIR)
     import ray
     from ray import serve
@@ -195,6 +196,7 @@ def main() -> None:
                 rows.append(row)
     serve.shutdown()
     ray.shutdown()
+    stop_orphaned_haproxy()
     doc = {
         "benchmark": "frontend_capacity", "version": 1,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},

@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import peers  # noqa: E402
+from deployments.ingress import ingress_env, stop_orphaned_haproxy  # noqa: E402
 from harness.client import RequestRecord, pd_completion, stream_completion  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
@@ -281,9 +282,15 @@ def main() -> None:
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "frontend_overhead.json"))
     args = p.parse_args()
     if not args.python_proxy:
-        os.environ.update(peers.INGRESS_ENV)  # before Ray starts: its processes inherit it
+        os.environ.update(ingress_env())  # before Ray starts: its processes inherit it
     make_tiny_model(peers.MODEL_DIR)
-    result = asyncio.run(run(args))
+    try:
+        result = asyncio.run(run(args))
+    finally:
+        import ray
+
+        ray.shutdown()
+        stop_orphaned_haproxy()
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("ratio_vs_baseline", "added_vs_baseline", "ratio_vs_bare",
                                              "hop_mean_ms", "kv_transfer_ms_mean", "disagg_ttft_budget_ms")},

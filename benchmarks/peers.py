@@ -29,12 +29,10 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from deployments.ingress import ingress_env, stop_orphaned_haproxy  # noqa: E402
 from orchestrator.config import AppConfig, shipped_config  # noqa: E402
 from orchestrator.engines.vllm_engine import process_env  # noqa: E402
 
-# Our ingress, as the main job runs it: HAProxy in front of the frontends' own
-# HTTP ports. Ray's processes read it from the environment they start with.
-INGRESS_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 PEERS_DIR = Path(os.environ.get("ORCHESTRATOR_PEERS_DIR", "~/.cache/orchestrator/peers")).expanduser()
 MODEL_DIR = Path("~/.cache/orchestrator/tiny-llama").expanduser()
 VENV_BIN = Path(sys.executable).parent
@@ -100,6 +98,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _ray_stop(python: Path) -> None:
     subprocess.run([str(python.parent / "ray"), "stop", "--force"], capture_output=True, check=False)
+    time.sleep(2)  # the HAProxy of the stopped instance is adopted by init
+    stop_orphaned_haproxy()
 
 
 @contextlib.contextmanager
@@ -114,7 +114,7 @@ def ours(config: AppConfig, log: Path) -> Iterator[str]:
     python = Path(sys.executable)
     # Logical CPUs beyond the 2 cores, as the tests use: engines are bounded by
     # their OpenMP threads, not by Ray's CPU accounting.
-    env = {**os.environ, **INGRESS_ENV}
+    env = {**os.environ, **ingress_env()}  # our ingress, as the main job runs it
     subprocess.run([str(VENV_BIN / "ray"), "start", "--head", "--num-cpus", "8", "--include-dashboard", "false"],
                    capture_output=True, check=True, env=env)
     proc = subprocess.Popen([str(VENV_BIN / "serve"), "run", "--address", "auto", f.name], stdout=log.open("w"),
@@ -248,7 +248,7 @@ def _ray_serve_llm_env() -> tuple[Path, dict[str, str]]:
     if not plugin.exists():
         subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], check=True)
         plugin.touch()
-    return python, {**os.environ, **INGRESS_ENV}
+    return python, {**os.environ, **ingress_env()}
 
 
 def ray_serve_llm(cfg: AppConfig, replicas: int, log: Path,

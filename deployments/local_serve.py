@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from deployments.ingress import ingress_environment, stop_orphaned_haproxy
 from orchestrator.config import AppConfig
 
 
@@ -18,7 +19,8 @@ def serve_locally(config: AppConfig, name: str, port: int) -> Iterator[None]:
 
     from deployments.app import build_app
 
-    ray.init(address="local", include_dashboard=False, logging_level="WARNING")
+    with ingress_environment():
+        ray.init(address="local", include_dashboard=False, logging_level="WARNING")
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         serve.run(build_app(config), name=name, route_prefix="/", blocking=False)
@@ -26,6 +28,7 @@ def serve_locally(config: AppConfig, name: str, port: int) -> Iterator[None]:
     finally:
         serve.shutdown()
         ray.shutdown()
+        stop_orphaned_haproxy()
 
 
 def replica_counts(name: str, deployments: tuple[str, ...]) -> dict[str, int]:

@@ -26,9 +26,9 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _sample_request(args: argparse.Namespace) -> int:
-    from harness.sample_request import run_sample_request
+    from harness.sample_request import SAMPLE_PROMPT, run_sample_request
 
-    return run_sample_request(args.url, args.wait_s, args.prompt, args.max_tokens)
+    return run_sample_request(args.url, args.wait_s, args.prompt or SAMPLE_PROMPT, args.max_tokens)
 
 
 # Tools with their own module: (command, help, module with add_arguments(parser), its entry function).
@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sample-request", help="wait for a server to be ready, send one chat request, print it")
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--wait-s", type=float, default=600.0)
-    p.add_argument("--prompt", default="Explain disaggregated prefill and decode in one sentence.")
+    p.add_argument("--prompt", default=None, help="default: a ~1,000-token prompt, long enough to be prefilled "
+                   "remotely under the CPU configs")
     p.add_argument("--max-tokens", type=int, default=32)
     p.set_defaults(func=_sample_request)
 

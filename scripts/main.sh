@@ -11,10 +11,13 @@ CONFIG=${1:-configs/disagg-cpu.yaml}
 # frontends' own HTTP ports instead of Serve's Python proxy. Read by the Ray
 # instance `serve run` starts.
 export RAY_SERVE_ENABLE_HA_PROXY=${RAY_SERVE_ENABLE_HA_PROXY:-1}
+# A HAProxy left by a Ray instance that did not stop it would hold its ports.
+stop_orphans() { python -c 'from deployments.ingress import stop_orphaned_haproxy; stop_orphaned_haproxy()'; }
+stop_orphans
 orchestrator make-tiny-model >/dev/null
 serve run "$CONFIG" &
 SERVE_PID=$!
-trap 'kill $SERVE_PID 2>/dev/null; wait $SERVE_PID 2>/dev/null; ray stop --force >/dev/null 2>&1' EXIT
+trap 'kill $SERVE_PID 2>/dev/null; wait $SERVE_PID 2>/dev/null; ray stop --force >/dev/null 2>&1; sleep 2; stop_orphans' EXIT
 orchestrator sample-request --url http://127.0.0.1:8000 --wait-s 900
 echo "serving at http://127.0.0.1:8000 (Ctrl-C to stop)"
 wait $SERVE_PID

@@ -107,6 +107,8 @@ def _parse_json(raw: bytes) -> Any:
         return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise bad_request(f"request body is not valid JSON: {e}") from None
+    except RecursionError:  # the body's size is bounded, its depth is not
+        raise bad_request("request body is nested too deeply") from None
 
 
 class CompletionService:

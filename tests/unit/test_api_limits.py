@@ -121,3 +121,13 @@ def test_an_api_key_guards_the_api_but_not_health():
     assert missing.status_code == wrong.status_code == 401 == models.status_code == pools.status_code
     assert missing.json()["error"]["code"] == "invalid_api_key"
     assert good.status_code == 200 and health.status_code == 200
+
+
+def test_a_body_nested_too_deeply_is_a_400_and_the_server_keeps_serving():
+    """200 KB of nested arrays fit the size limit; their depth must not
+    become a 500 (json's RecursionError)."""
+    fe = make_frontend()
+    deep = b'{"model": "' + MODEL.encode() + b'", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+    r = run(_post(fe, deep))
+    assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
+    assert run(_post(fe, _body())).status_code == 200

