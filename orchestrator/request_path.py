@@ -152,7 +152,8 @@ class RequestPath:
                 async with contextlib.aclosing(source) as chunks:
                     async for chunk in chunks:
                         if chunk.num_prompt_tokens:
-                            self.metrics.hop_seconds.labels("first_chunk").observe(self.clock() - sent)
+                            if not trace.migrations:  # once per request: a continuation's first chunk is not TTFT
+                                self.metrics.hop_seconds.labels("first_chunk").observe(self.clock() - sent)
                             self.scheduler.on_prefill_done(original.request_id)
                         generated.extend(chunk.token_ids)
                         if trace.migrations and self.detokenize is not None:

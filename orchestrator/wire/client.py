@@ -64,8 +64,8 @@ class _Stream:
         self.items: collections.deque[Any] = collections.deque()
         self.waiter: asyncio.Future | None = None
 
-    def put(self, item: Any) -> None:
-        self.items.append(item)
+    def put(self, *items: Any) -> None:
+        self.items.extend(items)
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
 
@@ -106,9 +106,7 @@ class _Connection(asyncio.Protocol):
         if stream is None:
             return  # a stream this side already closed
         if op is Op.CHUNKS:
-            stream.items.extend(payload)
-            if stream.waiter is not None and not stream.waiter.done():
-                stream.waiter.set_result(None)
+            stream.put(*payload)
         elif op is Op.RESULT:
             stream.put(payload)
         elif op is Op.END:
