@@ -10,9 +10,9 @@ from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouter
 from deployments.engine_pool import DRAIN_TIMEOUT_S, EnginePool
 from deployments.frontend import Frontend
 from orchestrator.config import AppConfig, PlannerMode, PoolConfig, ServingMode
-from orchestrator.engines import check_engine_config, process_env
+from orchestrator.engines import check_engine_config, engine_adapter, process_env
 from orchestrator.engines.base import EngineRole
-from orchestrator.placement import STRICT_PACK, replica_bundles
+from orchestrator.placement import STRICT_PACK
 
 # Imported by path in each caller's process, where the frontend finds it in
 # the router registry.
@@ -55,18 +55,15 @@ def _replicas(name: str, pool: PoolConfig, config: AppConfig) -> dict:
 
 def _placement(pool: PoolConfig) -> dict:
     """Resources of one replica. A tensor-parallel replica gets a STRICT_PACK
-    placement group (all ranks on one node): for vLLM one bundle per rank, the
-    replica actor in the first, vLLM's Ray executor placing its workers; SGLang
-    spawns its ranks itself, so its actor holds all the GPUs in one bundle."""
+    placement group (all ranks on one node), laid out as its engine's adapter
+    says (`EngineAdapter.placement`)."""
     actor = {"num_cpus": pool.num_cpus, "num_gpus": pool.num_gpus, "resources": dict(pool.resources)}
     if pool.num_gpus <= 1:
         return {"ray_actor_options": actor}
-    if pool.engine.kind == "sglang":
-        bundles = [{"CPU": pool.num_cpus, "GPU": float(pool.num_gpus), **pool.resources}]
-    else:
-        bundles = replica_bundles(pool.num_cpus, pool.num_gpus, pool.resources)
-        actor["num_gpus"] = 0
-    return {"ray_actor_options": actor, "placement_group_bundles": bundles, "placement_group_strategy": STRICT_PACK}
+    placement = engine_adapter(pool.engine.kind).placement(pool.num_cpus, pool.num_gpus, pool.resources)
+    actor["num_gpus"] = placement.actor_gpus
+    return {"ray_actor_options": actor, "placement_group_bundles": placement.bundles,
+            "placement_group_strategy": STRICT_PACK}
 
 
 def _pool(name: str, pool: PoolConfig, config: AppConfig):

@@ -38,7 +38,8 @@ import math
 import time
 from typing import Any
 
-from orchestrator.config import AppConfig, Device, PlannerMode
+from orchestrator.config import AppConfig, PlannerMode
+from orchestrator.engines import engine_adapter
 from orchestrator.planner.observer import MISSING, pool_peak_prompt_tps
 from orchestrator.planner.planner import Observation, ScalingDecision, SlaPlanner
 
@@ -48,26 +49,25 @@ POOL_KEYS = {"prefill_pool": "prefill", "decode_pool": "decode"}
 
 
 def make_planner(app: AppConfig) -> SlaPlanner:
-    """The planner for an application: the profile it names, else the
-    simulated engine's own performance model."""
-    from orchestrator.engines.sim_engine import kv_capacity_blocks, perf_model
+    """The planner for an application: the profile it names, else the decode
+    pool's engine's own performance model (the simulated engine's)."""
     from orchestrator.sim.perf_model import ProfileModel
 
     engine = app.decode_pool.engine
+    inputs = engine_adapter(engine.kind).planner_inputs(engine)
     if app.planner.profile is not None:
         perf = ProfileModel.load(app.planner.profile)
         kv_tokens = perf.meta.get("kv_capacity_tokens") or None
-        if getattr(engine, "device", None) is Device.CPU and perf.kv_bytes_per_token:
+        if inputs.kv_cache_bytes is not None and perf.kv_bytes_per_token:
             # On CPU the pool's KV budget is a byte count of its own config, not
             # whatever the profiled engine had.
-            kv_tokens = int(engine.cpu.kv_cache_gib * 2**30) // perf.kv_bytes_per_token
-    elif engine.kind == "sim":
-        perf = perf_model(engine)
-        kv_tokens = kv_capacity_blocks(engine, perf, app.kv_cache.block_size) * app.kv_cache.block_size
+            kv_tokens = inputs.kv_cache_bytes // perf.kv_bytes_per_token
+    elif inputs.own_performance is not None:
+        perf, kv_tokens = inputs.own_performance(app.kv_cache.block_size)
     else:
-        raise ValueError("planner.profile is required for vLLM pools (make one with `orchestrator profile`)")
+        raise ValueError(f"planner.profile is required for {engine.kind} pools (make one with `orchestrator profile`)")
     prefill = app.prefill_pool.replicas if app.prefill_pool is not None else 0
-    return SlaPlanner(app.planner, app.sla, perf, kv_tokens, max_num_seqs=getattr(engine, "max_num_seqs", None) or 256,
+    return SlaPlanner(app.planner, app.sla, perf, kv_tokens, max_num_seqs=inputs.max_num_seqs or 256,
                       disaggregated=app.prefill_pool is not None, initial=(prefill, app.decode_pool.replicas))
 
 

@@ -50,8 +50,8 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from harness.bench import hardware
-from orchestrator.config import AppConfig, Device, load_app_config
-from orchestrator.engines import create_engine, process_env
+from orchestrator.config import AppConfig, load_app_config
+from orchestrator.engines import create_engine, engine_adapter, process_env
 from orchestrator.engines.base import Engine, EngineInfo, EngineRole
 from orchestrator.requests import EngineRequest, SamplingSpec
 
@@ -267,10 +267,10 @@ def _cache_config(metrics_text: str) -> dict[str, str]:
 
 def _configured_capacity(app: AppConfig, pool, info: EngineInfo) -> int:
     """KV tokens the config gives a CPU engine (its `kv_cache_gib`); 0 where the engine sizes its own."""
-    cpu = getattr(pool.engine, "cpu", None)
-    if cpu is None or getattr(pool.engine, "device", None) is not Device.CPU:
+    kv_cache_bytes = engine_adapter(pool.engine.kind).planner_inputs(pool.engine).kv_cache_bytes
+    if kv_cache_bytes is None:
         return 0
-    return int(cpu.kv_cache_gib * 2**30) // kv_bytes_per_token(app, info)
+    return kv_cache_bytes // kv_bytes_per_token(app, info)
 
 
 def kv_bytes_per_token(app: AppConfig, info: EngineInfo) -> int:

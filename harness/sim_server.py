@@ -17,6 +17,7 @@ from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.app import AppHooks, Health, build_openai_app
 from orchestrator.api.service import CompletionService, ModelCard
 from orchestrator.config import KVCacheConfig, LimitsConfig, ModelConfig, RoutingConfig, SimEngineConfig
+from orchestrator.engines.adapter import EngineSpec
 from orchestrator.engines.base import EngineRole
 from orchestrator.engines.local_pool import LocalPool
 from orchestrator.engines.sim_engine import SimEngine
@@ -48,8 +49,8 @@ async def build(args: argparse.Namespace):
     model = ModelConfig(name=args.served_model_name, source=tokenizer_dir, max_model_len=args.max_model_len)
     engine_cfg = SimEngineConfig(kind="sim", gpu=args.gpu, model=args.sim_model, tensor_parallel_size=args.tp,
                                  profile=args.profile, num_gpu_blocks=args.num_gpu_blocks)
-    engine = SimEngine(model, KVCacheConfig(block_size=args.block_size), engine_cfg, EngineRole.AGGREGATED,
-                       args.host, publish_kv_events=args.kv_events)
+    engine = SimEngine(EngineSpec(model, KVCacheConfig(block_size=args.block_size), engine_cfg, EngineRole.AGGREGATED,
+                                  args.host, publish_kv_events=args.kv_events))
     pool = LocalPool("decode_pool", engine)
     info = await pool.start()
     tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_dir)

@@ -143,11 +143,6 @@ class SglangEngineConfig(_Strict):
     max_running_requests: PositiveInt | None = None
     chunked_prefill_size: PositiveInt | None = None
     transfer_backend: SglangTransferBackend = SglangTransferBackend.NIXL
-    bootstrap_port: int = Field(
-        default=8998, ge=1, le=65535,
-        description="First port a prefill replica's bootstrap server tries (the first free one from here up, "
-        "so that several prefill replicas share a node); the replica publishes the port it took and decode "
-        "replicas reach it at the prefill replica's advertised host.")
     ib_device: str | None = Field(default=None, description="RDMA device(s) for the mooncake backend, e.g. mlx5_0.")
     server_args: dict[str, Any] = Field(
         default_factory=dict,
@@ -547,8 +542,10 @@ class AppConfig(_Strict):
         if self.planner.mode is not PlannerMode.OFF:
             if self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None:
                 raise ValueError("planner.mode needs both sla.ttft_p99_ms and sla.itl_p50_ms")
-            if self.planner.profile is None and self.decode_pool.engine.kind != "sim":
-                raise ValueError("planner.profile is required for vLLM pools (make one with `orchestrator profile`)")
+            engine = self.decode_pool.engine
+            if self.planner.profile is None and _adapter(engine).planner_inputs(engine).own_performance is None:
+                raise ValueError(f"planner.profile is required for {engine.kind} pools "
+                                 "(make one with `orchestrator profile`)")
             if self.pool_groups:
                 raise ValueError("the SLA planner sizes the primary pools only: planner.mode must be off when "
                                  f"pool_groups are configured (groups: {[g.name for g in self.pool_groups]})")
@@ -560,12 +557,7 @@ class AppConfig(_Strict):
                     f"where vLLM needs a multiple of {CPU_BLOCK_SIZE_MULTIPLE}"
                 )
         for group, pools in self.group_pools().items():
-            # Disaggregated SGLang pairs by a bootstrap rendezvous, which only SGLang engines speak.
-            kinds = {pool.engine.kind for pool in pools.values()}
-            if len(pools) > 1 and "sglang" in kinds and len(kinds) > 1:
-                where = "" if group == PRIMARY_GROUP else f"pool_groups[{group}]: "
-                raise ValueError(f"{where}an SGLang pool hands KV over only to or from another SGLang pool (a "
-                                 "bootstrap rendezvous): prefill_pool and decode_pool must both be kind sglang")
+            _check_kv_handoff(group, pools)
         if self.cluster is not None:
             from orchestrator.placement import check_layout
 
@@ -602,6 +594,27 @@ class AppConfig(_Strict):
                 most = (self.planner.prefill if name == "prefill_pool" else self.planner.decode).max_replicas
             demand[name] = (pool.num_gpus, most)
         return demand
+
+
+def _adapter(engine: Any) -> Any:
+    """The `EngineAdapter` of an engine settings model's kind. Imported here,
+    not at module level: the registry imports this module."""
+    from orchestrator.engines import engine_adapter
+
+    return engine_adapter(engine.kind)
+
+
+def _check_kv_handoff(group: str, pools: dict[str, PoolConfig]) -> None:
+    """The pools of one group must hand KV over the same way
+    (`EngineAdapter.kv_handoff`): e.g. an SGLang pool pairs by a bootstrap
+    rendezvous, which only SGLang engines speak."""
+    handoffs = {name: _adapter(pool.engine).kv_handoff for name, pool in pools.items()}
+    if len(set(handoffs.values())) > 1:
+        where = "" if group == PRIMARY_GROUP else f"pool_groups[{group}]: "
+        sides = ", ".join(f"{name} is kind {pools[name].engine.kind} ({handoff.value})"
+                          for name, handoff in handoffs.items())
+        raise ValueError(f"{where}prefill and decode pools hand KV over differently ({sides}): a pool hands KV "
+                         "over only to or from a pool of the same handoff (an SGLang pool: another SGLang pool)")
 
 
 def load_serve_config(path: str | Path) -> dict[str, Any]:

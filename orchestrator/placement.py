@@ -9,8 +9,18 @@ node hosts whole replicas only.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 STRICT_PACK = "STRICT_PACK"
+
+
+@dataclass(frozen=True)
+class ReplicaPlacement:
+    """A tensor-parallel replica's STRICT_PACK placement group, and the GPUs
+    its replica actor requests itself (inside the first bundle)."""
+
+    bundles: list[dict[str, float]]
+    actor_gpus: float
 
 
 def replica_bundles(num_cpus: float, num_gpus: int, resources: Mapping[str, float]) -> list[dict[str, float]]:
@@ -19,6 +29,18 @@ def replica_bundles(num_cpus: float, num_gpus: int, resources: Mapping[str, floa
     puts its tensor-parallel workers in these bundles."""
     first = {"CPU": num_cpus, "GPU": float(min(num_gpus, 1)), **resources}
     return [first] + [{"GPU": 1.0} for _ in range(num_gpus - 1)]
+
+
+def per_rank_placement(num_cpus: float, num_gpus: int, resources: Mapping[str, float]) -> ReplicaPlacement:
+    """For an engine whose Ray executor places its own rank workers (vLLM):
+    one bundle per rank, the actor in the first, holding no GPU itself."""
+    return ReplicaPlacement(replica_bundles(num_cpus, num_gpus, resources), actor_gpus=0)
+
+
+def one_bundle_placement(num_cpus: float, num_gpus: int, resources: Mapping[str, float]) -> ReplicaPlacement:
+    """For an engine that spawns its rank processes itself (SGLang): all the
+    replica's GPUs in one bundle, held by the actor."""
+    return ReplicaPlacement([{"CPU": num_cpus, "GPU": float(num_gpus), **resources}], actor_gpus=num_gpus)
 
 
 def check_layout(demand: Mapping[str, tuple[int, int]], gpus_per_node: int, nodes: int | None) -> None:

@@ -1,9 +1,10 @@
 """SGLang engines behind our frontend, disaggregated, on a GPU machine.
 
 VERIFIED ONLY ON A GPU MACHINE: SGLang needs CUDA, so this script cannot run
-on the CPU machines that run the rest of the suite, and until someone runs
-it on GPUs the SGLang engine kind is tested only against payloads recorded
-from SGLang's source (tests/unit/test_sglang_adapter.py).
+on the CPU machines that run the rest of the suite, and it has not been run
+yet. Until it is, the SGLang engine kind is tested only against the pinned
+SGLang's own classes and source, and output dicts recorded from that source
+(tests/unit/test_sglang_adapter.py), never against a running engine.
 
 What it does: serves configs/disagg-sglang.yaml with `serve run` (by
 default its 1 prefill + 1 decode variant, 2 GPUs; `--full` for the shipped
@@ -15,14 +16,17 @@ default its 1 prefill + 1 decode variant, 2 GPUs; `--full` for the shipped
   2. checks that KV went from the prefill pool to the decode pool: the
      frontend counted handoffs and no prefill fallback, the decode replicas
      report prompt tokens received by transfer and transfers done, the
-     prefill replicas report prompt tokens computed;
-  3. sends a long shared prefix twice and reports the prefill replica's
+     prefill replicas report prompt tokens computed, and no two prefill
+     replicas on one node share a bootstrap port;
+  3. checks that the frontends follow the prefill replicas' KV events: the
+     index holds blocks of prefill replicas and no batch was malformed;
+  4. sends a long shared prefix twice and reports the prefill replica's
      prefix-cache hit on the second request.
 
 Writes benchmarks/results/gpu/sglang_pd.json (every check with its
 evidence); exits 1 when a check fails.
 
-    pip install '.[gpu]' 'sglang[all]' nixl        # SGLang is not in '.[gpu]'
+    pip install -c constraints/sglang.txt '.[sglang]'    # not with '.[gpu]': they conflict (that file)
     python benchmarks/gpu/sglang_pd.py [--model meta-llama/Llama-3.1-8B-Instruct] [--full]
 """
 
@@ -170,6 +174,10 @@ def kv_transferred(url: str, results: list[dict]) -> None:
     check(results, "engines are SGLang with a concurrent handoff",
           all(i.get("engine_kind") == "sglang" and i.get("kv_handoff") == "concurrent" for i in infos),
           versions=sorted({i.get("engine_version") for i in infos}))
+    bootstrap = [(i.get("host"), i.get("bootstrap_port")) for i in (r["info"] or {} for r in pools["prefill_pool"])]
+    check(results, "prefill replicas have bootstrap ports of their own",
+          len(set(bootstrap)) == len(bootstrap) and all(port is not None for _, port in bootstrap),
+          host_ports=bootstrap)
     transferred = sum(s.get("prompt_tokens_transferred_total", 0) for s in decode)
     transfers = sum(s.get("kv_transfers_total", 0) for s in decode)
     failures = sum(s.get("kv_transfer_failures_total", 0) for s in decode)
@@ -186,6 +194,10 @@ def kv_transferred(url: str, results: list[dict]) -> None:
     fallbacks = metric(text, "orchestrator_prefill_fallbacks_total")
     check(results, "frontend counted handoffs and no prefill fallback", handoffs > 0 and fallbacks == 0,
           kv_handoffs=handoffs, prefill_fallbacks=fallbacks)
+    indexed = [r.get("indexed_blocks", 0) for r in pools["prefill_pool"]]
+    malformed = metric(text, "orchestrator_kv_events_malformed")
+    check(results, "KV events of prefill replicas indexed, none malformed", sum(indexed) > 0 and malformed == 0,
+          indexed_blocks=indexed, malformed_batches=malformed)
 
 
 def main() -> int:

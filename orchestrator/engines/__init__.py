@@ -1,79 +1,55 @@
-"""Engine adapters. `create_engine` picks one by the pool's engine kind; each
-adapter imports its engine library lazily."""
+"""The engine registry: engine kind -> its adapter (`adapter.EngineAdapter`).
+
+The only place that maps an engine kind to code. Adapter modules are
+imported on first use, and import their engine library (vLLM, SGLang) only
+inside the functions that run the engine, so importing this package, or
+resolving an adapter, imports no engine library."""
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 
-from orchestrator.config import AppConfig, PoolConfig, RoutingPolicy
+from orchestrator.config import AppConfig, PoolConfig
+from orchestrator.engines.adapter import EngineAdapter, EngineSpec, publishes_kv_events
 from orchestrator.engines.base import Engine, EngineRole
 from orchestrator.kv.events import KVEventBatch
 
+__all__ = ["ADAPTER_MODULES", "EngineAdapter", "EngineSpec", "check_engine_config", "create_engine",
+           "engine_adapter", "kv_event_decoder", "process_env", "publishes_kv_events"]
 
-def publishes_kv_events(app: AppConfig) -> bool:
-    """Engines publish KV events exactly when the scheduler follows them."""
-    return app.routing.policy is RoutingPolicy.KV_AWARE and app.routing.kv_events
+# Engine kind -> the module whose `ADAPTER` serves it.
+ADAPTER_MODULES = {
+    "vllm": "orchestrator.engines.vllm_engine",
+    "sim": "orchestrator.engines.sim_engine",
+    "sglang": "orchestrator.engines.sglang_engine",
+}
+
+
+def engine_adapter(kind: str) -> EngineAdapter:
+    """The adapter of engine kind `kind`; ValueError naming the known kinds if there is none."""
+    module = ADAPTER_MODULES.get(kind)
+    if module is None:
+        raise ValueError(f"unknown engine kind {kind!r} (known kinds: {', '.join(sorted(ADAPTER_MODULES))})")
+    return importlib.import_module(module).ADAPTER
 
 
 def create_engine(app: AppConfig, pool: PoolConfig, role: EngineRole, host: str) -> Engine:
-    if pool.engine.kind == "vllm":
-        from orchestrator.engines.vllm_engine import VllmEngine
-
-        return VllmEngine(app.model, app.kv_cache, pool.engine, role, host, app.network,
-                          publish_kv_events=publishes_kv_events(app))
-    if pool.engine.kind == "sim":
-        from orchestrator.engines.sim_engine import SimEngine
-
-        return SimEngine(app.model, app.kv_cache, pool.engine, role, host,
-                         publish_kv_events=publishes_kv_events(app))
-    if pool.engine.kind == "sglang":
-        from orchestrator.engines.sglang_engine import SglangEngine
-
-        return SglangEngine(app.model, app.kv_cache, pool.engine, role, host, app.network,
-                            publish_kv_events=publishes_kv_events(app))
-    raise ValueError(f"unknown engine kind {pool.engine.kind!r}")
+    """An engine (not started) for one replica of `pool`."""
+    return engine_adapter(pool.engine.kind).create(EngineSpec.for_pool(app, pool, role, host))
 
 
 def kv_event_decoder(engine_kind: str) -> Callable[[bytes, bytes], KVEventBatch]:
     """The decoder of an engine kind's KV event messages: (sequence frame,
     payload frame) -> batch; raises ValueError on garbage."""
-    if engine_kind in ("vllm", "sim"):  # the simulated engine speaks vLLM's format
-        from orchestrator.engines.vllm_kv_events import decode_batch
-
-        return decode_batch
-    if engine_kind == "sglang":  # same frames and replay protocol as vLLM, its own payload encoding
-        from orchestrator.engines.sglang_kv_events import decode_batch as decode_sglang_batch
-
-        return decode_sglang_batch
-    raise ValueError(f"engine kind {engine_kind!r} publishes no KV events this index reads")
+    return engine_adapter(engine_kind).kv_event_decoder
 
 
 def process_env(app: AppConfig, pool: PoolConfig) -> dict[str, str]:
     """Environment variables the pool's replica processes must start with."""
-    if pool.engine.kind == "vllm":
-        from orchestrator.engines.vllm_engine import process_env as vllm_env
-
-        return vllm_env(pool.engine, app.network)
-    if pool.engine.kind == "sglang":
-        from orchestrator.engines.sglang_engine import process_env as sglang_env
-
-        return sglang_env(pool.engine, app.network)
-    return {}
+    return engine_adapter(pool.engine.kind).process_env(pool.engine, app.network)
 
 
 def check_engine_config(pool: PoolConfig) -> None:
-    """Engine-specific validation at build time.
-
-    vLLM: `engine_args` against vLLM's AsyncEngineArgs (vLLM must be installed).
-    SGLang: `server_args` against the fields of SGLang's ServerArgs where SGLang
-    is installed (GPU machines); elsewhere against the field names recorded
-    in `sglang_engine.RECORDED_SERVER_ARGS_FIELDS` (a subset: a key outside it
-    fails here and may still be valid, so check it where SGLang is installed)."""
-    if pool.engine.kind == "vllm":
-        from orchestrator.engines.vllm_engine import check_engine_args
-
-        check_engine_args(pool.engine)
-    elif pool.engine.kind == "sglang":
-        from orchestrator.engines.sglang_engine import check_server_args, server_args_fields
-
-        check_server_args(pool.engine, server_args_fields())
+    """Engine-specific validation of the pool's engine settings at build time."""
+    engine_adapter(pool.engine.kind).check_config(pool.engine)

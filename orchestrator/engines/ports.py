@@ -9,14 +9,18 @@ node also draws from. Seen in CI: seven engines starting at once, one
 vLLM prefill engine's NIXL handshake listener lost its port that way
 (EADDRINUSE), the listener thread died and the engine core waited for it
 forever. Two replicas drawing the same port within one start-up remains
-possible (about 1 in 6,000 for a pair with Linux's default ranges).
+possible (about 1 in 6,000 for a pair with Linux's default ranges);
+`reserve_listen_port` rules it out on one node, for a port whose collision
+would go unnoticed (SGLang's bootstrap server only logs a failed bind).
 """
 
 from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 # Ray's default worker ports are 10002-19999; ports below are Ray's own and
 # well-known services'.
@@ -25,6 +29,10 @@ LAST_PORT = 65535
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 LINUX_DEFAULT_EPHEMERAL = range(32768, 61000)
 DRAWS = 64
+# Abstract Unix socket names of `PortReservation`s, followed by the port.
+RESERVATION_PREFIX = "orchestrator-listen-port-"
+
+T = TypeVar("T")
 
 
 def ephemeral_ports(source: Path = EPHEMERAL_RANGE_FILE) -> range:
@@ -52,8 +60,8 @@ def bindable(host: str, port: int) -> bool:
         return True
 
 
-def listen_port(host: str, rng: random.Random | None = None, ephemeral: range | None = None) -> int:
-    """A free port on `host` to give an engine to listen on (see the module's contract)."""
+def _draw(host: str, rng: random.Random | None, ephemeral: range | None, take: Callable[[int], T | None]) -> T:
+    """The first drawn port that is bindable on `host` and that `take` accepts."""
     rng = rng or random.Random()
     ranges = listen_candidates(ephemeral_ports() if ephemeral is None else ephemeral)
     if not ranges:
@@ -61,9 +69,47 @@ def listen_port(host: str, rng: random.Random | None = None, ephemeral: range | 
     weights = [len(r) for r in ranges]
     for _ in range(DRAWS):
         port = rng.choice(rng.choices(ranges, weights)[0])
-        if bindable(host, port):
-            return port
+        if bindable(host, port) and (taken := take(port)) is not None:
+            return taken
     raise OSError(f"no free port on {host} in {DRAWS} draws from {ranges}")
+
+
+def listen_port(host: str, rng: random.Random | None = None, ephemeral: range | None = None) -> int:
+    """A free port on `host` to give an engine to listen on (see the module's contract)."""
+    return _draw(host, rng, ephemeral, lambda port: port)
+
+
+class PortReservation:
+    """A listen port that no other reservation on this node holds while this
+    object lives (until `release()`, its collection or the end of the
+    process). The claim is an abstract Unix socket named after the port: it
+    lives in the network namespace, as the TCP port does, and the kernel
+    drops it with the process."""
+
+    def __init__(self, port: int, claim: socket.socket) -> None:
+        self.port = port
+        self._claim = claim
+
+    def release(self) -> None:
+        self._claim.close()
+
+
+def _claim(port: int) -> PortReservation | None:
+    claim = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        claim.bind(f"\0{RESERVATION_PREFIX}{port}")
+    except OSError:
+        claim.close()
+        return None
+    return PortReservation(port, claim)
+
+
+def reserve_listen_port(host: str, rng: random.Random | None = None,
+                        ephemeral: range | None = None) -> PortReservation:
+    """`listen_port`, and no two reservations on one node alike: the port is
+    held for the caller until it releases it or exits, however many
+    replicas draw at the same moment."""
+    return _draw(host, rng, ephemeral, _claim)
 
 
 def _bind_address(host: str) -> str:

@@ -3,8 +3,10 @@ disaggregation role (prefill / decode / aggregated = "null").
 
 The only module that touches SGLang; it is imported inside methods. SGLang
 needs CUDA: this adapter runs only on GPU machines (benchmarks/gpu/sglang_pd.py);
-on CPU machines its translations are tested against SGLang payloads recorded
-in tests/fixtures/sglang/.
+on CPU machines its translations are tested against the pinned SGLang's own
+classes (installed without its dependencies) and, where those cannot be
+imported without CUDA, against payloads recorded from its source
+(tests/fixtures/sglang/).
 
 KV handoff (`KVHandoff.CONCURRENT`): SGLang pairs a prefill and a decode
 request by a rendezvous, not by a result. The frontend draws a room and sends
@@ -23,14 +25,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import functools
 import json
 import os
+import random
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config import KVCacheConfig, ModelConfig, NetworkConfig, SglangEngineConfig
+from orchestrator.engines.adapter import EngineAdapter, EngineSpec, PlannerInputs
 from orchestrator.engines.base import (
     BOOTSTRAP_HOST,
     BOOTSTRAP_PORT,
@@ -42,17 +49,15 @@ from orchestrator.engines.base import (
     EngineStats,
     KVHandoff,
 )
-from orchestrator.engines.ports import bindable, listen_port
-from orchestrator.engines.sglang_kv_events import events_config
+from orchestrator.engines.ports import PortReservation, listen_port, reserve_listen_port
+from orchestrator.engines.sglang_kv_events import decode_batch, events_config
+from orchestrator.placement import one_bundle_placement
 from orchestrator.requests import EngineChunk, EngineRequest, FinishReason, PrefillResult, SamplingSpec
 
 ENGINE_KIND = "sglang"
 
 # ServerArgs.disaggregation_mode by role.
 _DISAGGREGATION_MODE = {EngineRole.PREFILL: "prefill", EngineRole.DECODE: "decode", EngineRole.AGGREGATED: "null"}
-# A bootstrap port already taken on the node (several prefill replicas per
-# node) moves the replica to the next free one, at most this far up.
-_BOOTSTRAP_PORT_SEARCH = 64
 # SGLang's top_k meaning "no top-k".
 _NO_TOP_K = -1
 # Environment variables SGLang's disaggregation reads (seconds): how long a
@@ -74,20 +79,29 @@ class EnginePorts:
     kv_events_replay: int | None = None  # ZMQ ROUTER
 
 
-def server_args_kwargs(
-    model: ModelConfig,
-    kv_cache: KVCacheConfig,
-    engine: SglangEngineConfig,
-    role: EngineRole,
-    host: str,
-    network: NetworkConfig,
-    ports: EnginePorts,
-    publish_kv_events: bool = False,
-) -> dict[str, Any]:
+def draw_ports(host: str, role: EngineRole, publish_kv_events: bool,
+               rng: random.Random | None = None) -> tuple[EnginePorts, PortReservation | None]:
+    """One replica's ports, drawn as `ports.listen_port` draws them. A prefill
+    replica's bootstrap port is also reserved on the node (returned; the
+    replica holds it while its engine lives): SGLang's bootstrap server only
+    logs a port it cannot bind, and a replica that lost its port would then
+    register with another replica's server and mix their requests."""
+    bootstrap = reserve_listen_port(host, rng) if role is EngineRole.PREFILL else None
+    ports = EnginePorts(
+        server=listen_port(host, rng),
+        bootstrap=bootstrap.port if bootstrap is not None else None,
+        kv_events=listen_port(host, rng) if publish_kv_events else None,
+        kv_events_replay=listen_port(host, rng) if publish_kv_events else None,
+    )
+    return ports, bootstrap
+
+
+def server_args_kwargs(spec: EngineSpec, ports: EnginePorts) -> dict[str, Any]:
     """`sglang.Engine(**kwargs)` (= ServerArgs fields) for one replica.
-    `network` is accepted for symmetry with vLLM; SGLang's transfer engines
+    Nothing of `spec.network` maps onto ServerArgs: SGLang's transfer engines
     take their own settings (`ib_device`, environment)."""
-    del network  # nothing of it maps onto ServerArgs
+    model, kv_cache, role, host = spec.model, spec.kv_cache, spec.role, spec.host
+    engine: SglangEngineConfig = spec.engine
     kwargs: dict[str, Any] = {
         "model_path": model.weights_source,
         "tokenizer_path": model.tokenizer_source,
@@ -110,7 +124,7 @@ def server_args_kwargs(
         if ports.bootstrap is None:
             raise ValueError("a prefill engine needs a bootstrap port")
         kwargs["disaggregation_bootstrap_port"] = ports.bootstrap
-    if publish_kv_events:
+    if spec.publish_kv_events:
         if ports.kv_events is None or ports.kv_events_replay is None:
             raise ValueError("publishing KV events needs their ports")
         kwargs["kv_events_config"] = json.dumps(events_config("kv", ports.kv_events, ports.kv_events_replay))
@@ -135,10 +149,10 @@ def process_env(engine: SglangEngineConfig, network: NetworkConfig) -> dict[str,
     return {BOOTSTRAP_TIMEOUT_ENV: timeout, WAITING_TIMEOUT_ENV: timeout}
 
 
-# ServerArgs field names this adapter was written against (SGLang's
-# python/sglang/srt/server_args.py and the fields its engine and tokenizer
-# manager read; tests/fixtures/sglang/README.md): what `server_args` is checked
-# against where SGLang is not installed. A subset of the real class.
+# ServerArgs field names of sglang 0.5.23 (python/sglang/srt/server_args.py and
+# the namespaces of srt/arg_groups/fields/): what `server_args` is checked
+# against where SGLang is not installed. A subset of the real class;
+# tests/unit/test_sglang_adapter.py checks it against the pinned SGLang's.
 RECORDED_SERVER_ARGS_FIELDS = frozenset({
     # set by this adapter
     "model_path", "tokenizer_path", "served_model_name", "dtype", "context_length", "random_seed", "page_size",
@@ -149,9 +163,10 @@ RECORDED_SERVER_ARGS_FIELDS = frozenset({
     "tokenizer_mode", "skip_tokenizer_init", "load_format", "trust_remote_code", "revision", "download_dir",
     "kv_cache_dtype", "quantization", "chat_template", "completion_template", "dp_size", "pp_size", "nnodes",
     "node_rank", "dist_init_addr", "base_gpu_id", "gpu_id_step", "max_total_tokens", "max_prefill_tokens",
-    "max_queued_requests", "schedule_policy", "schedule_conservativeness", "stream_interval", "stream_output",
+    "max_queued_requests", "schedule_policy", "schedule_conservativeness", "stream_interval",
     "incremental_streaming_output", "attention_backend", "sampling_backend", "grammar_backend",
-    "disable_cuda_graph", "cuda_graph_max_bs", "enable_torch_compile", "enable_mixed_chunk", "enable_dp_attention",
+    "disable_cuda_graph", "cuda_graph_max_bs_decode", "cuda_graph_max_bs_prefill", "enable_torch_compile",
+    "enable_mixed_chunk", "enable_dp_attention", "enable_deterministic_inference",
     "speculative_algorithm", "enable_lora", "lora_paths", "max_loras_per_batch", "allow_auto_truncate",
     "preferred_sampling_params", "log_level", "enable_metrics", "enable_trace", "watchdog_timeout",
     "skip_server_warmup", "tokenizer_worker_num", "reasoning_parser", "tool_call_parser",
@@ -159,17 +174,31 @@ RECORDED_SERVER_ARGS_FIELDS = frozenset({
 })
 
 
+# Prints the field names of the installed SGLang's ServerArgs (a msgspec
+# struct in 0.5.23) as a JSON list, on the last line of its output.
+_LIST_SERVER_ARGS_FIELDS = """
+import json, msgspec
+from sglang.srt.server_args import ServerArgs
+print(json.dumps([f.name for f in msgspec.structs.fields(ServerArgs)]))
+"""
+
+
+@functools.cache
 def server_args_fields() -> frozenset[str]:
-    """Field names of SGLang's ServerArgs: the real class where SGLang is
-    installed, else `RECORDED_SERVER_ARGS_FIELDS`."""
-    import dataclasses
+    """Field names of SGLang's ServerArgs: the installed SGLang's, else
+    `RECORDED_SERVER_ARGS_FIELDS`. Read in a child process: importing SGLang
+    patches transformers and redirects torch's and Triton's caches (process
+    environment) in the importing process, which is the caller's, not an
+    engine's."""
     import importlib.util
 
     if importlib.util.find_spec("sglang") is None:
         return RECORDED_SERVER_ARGS_FIELDS
-    from sglang.srt.server_args import ServerArgs
-
-    return frozenset(f.name for f in dataclasses.fields(ServerArgs))
+    listed = subprocess.run([sys.executable, "-c", _LIST_SERVER_ARGS_FIELDS], capture_output=True, text=True,
+                            check=False)
+    if listed.returncode != 0:
+        raise RuntimeError(f"cannot read SGLang's ServerArgs fields: {listed.stderr.strip()[-2000:]}")
+    return frozenset(json.loads(listed.stdout.splitlines()[-1]))
 
 
 def check_server_args(engine: SglangEngineConfig, known_fields: frozenset[str]) -> None:
@@ -179,11 +208,29 @@ def check_server_args(engine: SglangEngineConfig, known_fields: frozenset[str]) 
         raise ValueError(f"engine.server_args: SGLang's ServerArgs has no field(s) {unknown}")
 
 
+def check_config(engine: SglangEngineConfig) -> None:
+    """`server_args` against the fields of SGLang's ServerArgs where SGLang is
+    installed (GPU machines); elsewhere against `RECORDED_SERVER_ARGS_FIELDS`
+    (a subset: a key outside it fails here and may still be valid, so check
+    it where SGLang is installed)."""
+    check_server_args(engine, server_args_fields())
+
+
+def planner_inputs(engine: SglangEngineConfig) -> PlannerInputs:
+    """No running-sequence limit read: SGLang's is `max_running_requests`,
+    which the planner has never been given (it assumes 256)."""
+    del engine
+    return PlannerInputs(max_num_seqs=None)
+
+
 # -- requests --------------------------------------------------------------------
 
 
 def sampling_params(spec: SamplingSpec) -> dict[str, Any]:
-    """SGLang's `sampling_params` dict for our sampling spec."""
+    """SGLang's `sampling_params` dict for our sampling spec (the keyword
+    arguments of its SamplingParams). SGLang uses `sampling_seed` only with
+    `enable_deterministic_inference` set, an engine-wide mode (batch-invariant
+    kernels); without it a seeded request is not reproducible."""
     params: dict[str, Any] = {
         "max_new_tokens": spec.max_tokens,
         "min_new_tokens": spec.min_tokens,
@@ -237,17 +284,11 @@ class StreamMode(str, enum.Enum):
     """What each streamed output dict holds (SGLang's TokenizerManager)."""
 
     CUMULATIVE = "cumulative"  # text and output_ids so far (SGLang's default)
-    # output_ids new since the last dict, text so far (`stream_output`, older SGLang)
-    INCREMENTAL_IDS = "incremental_ids"
     INCREMENTAL = "incremental"  # both new since the last dict (`incremental_streaming_output`)
 
 
 def stream_mode(server_args: Mapping[str, Any]) -> StreamMode:
-    if server_args.get("incremental_streaming_output"):
-        return StreamMode.INCREMENTAL
-    if server_args.get("stream_output"):
-        return StreamMode.INCREMENTAL_IDS
-    return StreamMode.CUMULATIVE
+    return StreamMode.INCREMENTAL if server_args.get("incremental_streaming_output") else StreamMode.CUMULATIVE
 
 
 @dataclass(frozen=True)
@@ -333,8 +374,9 @@ class ChunkDecoder:
     def feed(self, out: SglangOutput) -> EngineChunk | None:
         if out.finish is not None and out.finish.reason is FinishReason.ABORT:
             raise abort_error(out.finish)
-        new_ids = out.output_ids if self.mode is not StreamMode.CUMULATIVE else out.output_ids[self.ids_seen:]
-        new_text = out.text if self.mode is StreamMode.INCREMENTAL else out.text[self.text_seen:]
+        incremental = self.mode is StreamMode.INCREMENTAL
+        new_ids = out.output_ids if incremental else out.output_ids[self.ids_seen:]
+        new_text = out.text if incremental else out.text[self.text_seen:]
         self.ids_seen += len(new_ids)
         self.text_seen += len(new_text)
         if not new_ids and not new_text and out.finish is None:
@@ -443,13 +485,6 @@ def engine_info(
 # -- the engine ------------------------------------------------------------------
 
 
-def _first_free_port(host: str, start: int) -> int:
-    for port in range(start, min(start + _BOOTSTRAP_PORT_SEARCH, 65536)):
-        if bindable(host, port):
-            return port
-    raise EngineError(f"no free bootstrap port in [{start}, {start + _BOOTSTRAP_PORT_SEARCH})")
-
-
 def _scheduler_info(engine: Any) -> Mapping[str, Any]:
     """The first scheduler's start-up report; where it lives varies by SGLang release."""
     result = getattr(engine, "_scheduler_init_result", None)
@@ -459,46 +494,25 @@ def _scheduler_info(engine: Any) -> Mapping[str, Any]:
 
 
 class SglangEngine:
-    def __init__(
-        self,
-        model: ModelConfig,
-        kv_cache: KVCacheConfig,
-        engine: SglangEngineConfig,
-        role: EngineRole,
-        host: str,
-        network: NetworkConfig,
-        publish_kv_events: bool = False,
-    ) -> None:
-        self._model = model
-        self._kv_cache = kv_cache
-        self._engine_cfg = engine
-        self._role = role
-        self._host = host
-        self._network = network
-        self._publish_kv_events = publish_kv_events
-        self._mode = stream_mode(engine.server_args)
-        self._stats = StatsSink(role)
+    def __init__(self, spec: EngineSpec) -> None:
+        self._spec = spec
+        self._model = spec.model
+        self._kv_cache = spec.kv_cache
+        self._role = spec.role
+        self._host = spec.host
+        self._mode = stream_mode(spec.engine.server_args)
+        self._stats = StatsSink(spec.role)
         self._engine: Any = None
         self._info: EngineInfo | None = None
+        self._bootstrap_reservation: PortReservation | None = None
 
     # -- life cycle -----------------------------------------------------------
-
-    def _ports(self) -> EnginePorts:
-        host = self._host  # the port helpers bind "localhost" as 127.0.0.1
-        prefill = self._role is EngineRole.PREFILL
-        return EnginePorts(
-            server=listen_port(host),
-            bootstrap=_first_free_port(host, self._engine_cfg.bootstrap_port) if prefill else None,
-            kv_events=listen_port(host) if self._publish_kv_events else None,
-            kv_events_replay=listen_port(host) if self._publish_kv_events else None,
-        )
 
     async def start(self) -> EngineInfo:
         import sglang
 
-        ports = self._ports()
-        kwargs = server_args_kwargs(self._model, self._kv_cache, self._engine_cfg, self._role, self._host,
-                                    self._network, ports, self._publish_kv_events)
+        ports, self._bootstrap_reservation = draw_ports(self._host, self._role, self._spec.publish_kv_events)
+        kwargs = server_args_kwargs(self._spec, ports)
         # Loading the model blocks for minutes; keep the replica's loop free.
         # SGLang's tokenizer manager starts its output loop on the loop of the
         # first request, i.e. this replica's.
@@ -511,6 +525,9 @@ class SglangEngine:
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+        if self._bootstrap_reservation is not None:
+            self._bootstrap_reservation.release()
+            self._bootstrap_reservation = None
 
     async def check_health(self) -> None:
         if self._engine is None:
@@ -599,3 +616,15 @@ class SglangEngine:
             num_prompt_tokens=last.prompt_tokens or len(request.prompt_token_ids),
             num_cached_tokens=last.cached_tokens,
         )
+
+
+ADAPTER = EngineAdapter(
+    kind=ENGINE_KIND,
+    create=SglangEngine,
+    process_env=process_env,
+    check_config=check_config,
+    kv_event_decoder=decode_batch,  # vLLM's frames and replay protocol, SGLang's payload encoding
+    placement=one_bundle_placement,
+    planner_inputs=planner_inputs,
+    kv_handoff=KVHandoff.CONCURRENT,
+)

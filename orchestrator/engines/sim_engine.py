@@ -19,19 +19,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
-from orchestrator.config import KVCacheConfig, ModelConfig, SimEngineConfig
-from orchestrator.engines.base import EngineError, EngineInfo, EngineRequestRejected, EngineRole, EngineStats
+from orchestrator.config import SimEngineConfig
+from orchestrator.engines.adapter import EngineAdapter, EngineSpec, PlannerInputs, no_config_check, no_process_env
+from orchestrator.engines.base import EngineError, EngineInfo, EngineRequestRejected, EngineStats
+from orchestrator.engines.vllm_kv_events import decode_batch
+from orchestrator.placement import per_rank_placement
 from orchestrator.requests import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
 from orchestrator.sim.core import Emitted, SimCore, SimRequest
 from orchestrator.sim.link import LINKS
 from orchestrator.sim.perf_model import GPUS, MODELS, PerfModel, ProfileModel, roofline
 
+ENGINE_KIND = "sim"
 SIM_VERSION = "1"
 
 
@@ -58,6 +63,16 @@ def kv_capacity_blocks(cfg: SimEngineConfig, perf: PerfModel, block_size: int) -
     return blocks
 
 
+def own_performance(cfg: SimEngineConfig, block_size: int) -> tuple[PerfModel, int]:
+    """The engine's performance model and its KV capacity in tokens."""
+    perf = perf_model(cfg)
+    return perf, kv_capacity_blocks(cfg, perf, block_size) * block_size
+
+
+def planner_inputs(cfg: SimEngineConfig) -> PlannerInputs:
+    return PlannerInputs(max_num_seqs=cfg.max_num_seqs, own_performance=functools.partial(own_performance, cfg))
+
+
 def load_detokenizer(source: str):
     """The model's fast tokenizer (`tokenizer.json`), without transformers: a
     simulated replica only turns its token ids into text."""
@@ -67,14 +82,14 @@ def load_detokenizer(source: str):
 
 
 class SimEngine:
-    def __init__(self, model: ModelConfig, kv_cache: KVCacheConfig, cfg: SimEngineConfig, role: EngineRole,
-                 host: str, publish_kv_events: bool, clock: Callable[[], float] = time.monotonic) -> None:
-        self._model, self._kv_cache, self._cfg, self._role, self._host = model, kv_cache, cfg, role, host
-        self._publish_kv_events = publish_kv_events
+    def __init__(self, spec: EngineSpec, clock: Callable[[], float] = time.monotonic) -> None:
+        self._model, self._kv_cache, self._role, self._host = spec.model, spec.kv_cache, spec.role, spec.host
+        self._cfg: SimEngineConfig = spec.engine
+        self._publish_kv_events = spec.publish_kv_events
         self._clock = clock
         self._engine_id = f"sim-{uuid.uuid4().hex[:12]}"
-        self._perf = perf_model(cfg)
-        self._link = LINKS[cfg.link]
+        self._perf = perf_model(self._cfg)
+        self._link = LINKS[self._cfg.link]
         self._core: SimCore | None = None
         self._tokenizer = None
         self._publisher = None
@@ -100,7 +115,7 @@ class SimEngine:
         self._t0 = self._clock()
         self._loop_task = asyncio.create_task(self._run())
         return EngineInfo(
-            role=self._role, engine_kind="sim", engine_version=SIM_VERSION, engine_id=self._engine_id,
+            role=self._role, engine_kind=ENGINE_KIND, engine_version=SIM_VERSION, engine_id=self._engine_id,
             model=self._model.name, block_size=self._kv_cache.block_size, max_model_len=self._model.max_model_len,
             host=self._host, kv_events_endpoint=events, kv_events_replay_endpoint=replay,
             kv_capacity_blocks=blocks, kv_bytes_per_token=self._perf.kv_bytes_per_token, pid=os.getpid(),
@@ -241,3 +256,16 @@ class SimEngine:
             with contextlib.suppress(Exception):
                 self._publisher.close()
             self._publisher = None
+
+
+# The simulated engine publishes KV events in vLLM's wire format, and runs in
+# its replica's process (no GPUs, so no placement group: `placement` unused).
+ADAPTER = EngineAdapter(
+    kind=ENGINE_KIND,
+    create=SimEngine,
+    process_env=no_process_env,
+    check_config=no_config_check,
+    kv_event_decoder=decode_batch,
+    placement=per_rank_placement,
+    planner_inputs=planner_inputs,
+)

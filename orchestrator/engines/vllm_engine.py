@@ -18,7 +18,8 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from orchestrator.config import Device, KVCacheConfig, ModelConfig, NetworkConfig, VllmEngineConfig
+from orchestrator.config import Device, NetworkConfig, VllmEngineConfig
+from orchestrator.engines.adapter import EngineAdapter, EngineSpec, PlannerInputs
 from orchestrator.engines.base import (
     EngineError,
     EngineInfo,
@@ -27,8 +28,9 @@ from orchestrator.engines.base import (
     EngineStats,
 )
 from orchestrator.engines.ports import listen_port
-from orchestrator.engines.vllm_kv_events import events_config
+from orchestrator.engines.vllm_kv_events import decode_batch, events_config
 from orchestrator.engines.vllm_plugin import EXIT_WITH_PARENT_ENV, NIXL_PROGRESS_DELAY_ENV, SHM_POLL_ENV
+from orchestrator.placement import per_rank_placement
 from orchestrator.requests import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
 
 ENGINE_KIND = "vllm"
@@ -70,6 +72,16 @@ def process_env(engine: VllmEngineConfig, network: NetworkConfig) -> dict[str, s
         if engine.cpu.shm_poll_us is not None:
             env[SHM_POLL_ENV] = str(engine.cpu.shm_poll_us)
     return env
+
+
+def cpu_kv_cache_bytes(engine: VllmEngineConfig) -> int | None:
+    """The KV cache budget in bytes on CPU (`cpu.kv_cache_gib`); None on GPU,
+    where vLLM sizes it as a share of device memory."""
+    return int(engine.cpu.kv_cache_gib * 2**30) if engine.device is Device.CPU else None
+
+
+def planner_inputs(engine: VllmEngineConfig) -> PlannerInputs:
+    return PlannerInputs(max_num_seqs=engine.max_num_seqs, kv_cache_bytes=cpu_kv_cache_bytes(engine))
 
 
 def check_engine_args(engine: VllmEngineConfig) -> None:
@@ -139,23 +151,14 @@ def _stat_logger_factory(sink: _StatsSink):
 
 
 class VllmEngine:
-    def __init__(
-        self,
-        model: ModelConfig,
-        kv_cache: KVCacheConfig,
-        engine: VllmEngineConfig,
-        role: EngineRole,
-        host: str,
-        network: NetworkConfig,
-        publish_kv_events: bool = False,
-    ) -> None:
-        self._model = model
-        self._kv_cache = kv_cache
-        self._engine_cfg = engine
-        self._role = role
-        self._host = host
-        self._network = network
-        self._publish_kv_events = publish_kv_events
+    def __init__(self, spec: EngineSpec) -> None:
+        self._model = spec.model
+        self._kv_cache = spec.kv_cache
+        self._engine_cfg: VllmEngineConfig = spec.engine
+        self._role = spec.role
+        self._host = spec.host
+        self._network = spec.network
+        self._publish_kv_events = spec.publish_kv_events
         self._stats = _StatsSink()
         self._llm: Any = None
         self._info: EngineInfo | None = None
@@ -182,7 +185,7 @@ class VllmEngine:
             "max_num_seqs": cfg.max_num_seqs,
             "max_num_batched_tokens": cfg.max_num_batched_tokens,
             # On CPU the KV cache is sized in bytes, not as a share of device memory.
-            "kv_cache_memory_bytes": int(cfg.cpu.kv_cache_gib * 2**30) if cfg.device is Device.CPU else None,
+            "kv_cache_memory_bytes": cpu_kv_cache_bytes(cfg),
             # Tensor-parallel workers go into the replica's placement group (deployments/app.py).
             "distributed_executor_backend": "ray" if cfg.tensor_parallel_size > 1 else None,
         }
@@ -333,3 +336,14 @@ class VllmEngine:
             num_prompt_tokens=len(request.prompt_token_ids),
             num_cached_tokens=last.num_cached_tokens or 0,
         )
+
+
+ADAPTER = EngineAdapter(
+    kind=ENGINE_KIND,
+    create=VllmEngine,
+    process_env=process_env,
+    check_config=check_engine_args,
+    kv_event_decoder=decode_batch,
+    placement=per_rank_placement,
+    planner_inputs=planner_inputs,
+)

@@ -3,18 +3,30 @@ decoded into the index's own event types without importing vLLM.
 
 A ZMQ message is (topic, 8-byte big-endian sequence number, msgpack payload);
 the payload is a `KVEventBatch` encoded array-like as [ts, events, dp_rank],
-each event a map tagged by its class name under "type". Events of kinds this
-index does not use, or for KV groups other than the first, are skipped; a
-payload that does not decode raises `MalformedEvents`.
+each event a map tagged by its class name under "type" (SGLang 0.5.23 sends
+the same shape: sglang_kv_events.py).
+
+Contract: the index holds the blocks a prefix hit can use, those in the
+engine's device KV cache. Events of another storage tier (`medium` other
+than "GPU", vLLM's name for the device tier on every platform, its CPU build
+included: host copies are "CPU", storage "STORAGE") and events for KV groups
+other than the first are skipped. A payload that does not decode, or that
+holds an event of a kind this module does not know, raises `MalformedEvents`
+as a whole: the subscriber counts it, and the sequence gap it leaves makes
+the index drop that replica's entries (locality lost, never a wrong hit)
+rather than apply a batch it only partly understood.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from orchestrator.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent, KVEventBatch
+
+# The `medium` of the device tier; an engine that sends none means it too.
+DEVICE_MEDIUM = "GPU"
 
 
 class MalformedEvents(ValueError):
@@ -26,11 +38,13 @@ class _BlockStored(msgspec.Struct, tag="BlockStored"):
     parent_block_hash: int | bytes | None
     token_ids: tuple[int, ...]
     block_size: int
+    medium: str | None = None
     group_idx: int | None = None
 
 
 class _BlockRemoved(msgspec.Struct, tag="BlockRemoved"):
     block_hashes: tuple[int | bytes, ...]
+    medium: str | None = None
     group_idx: int | None = None
 
 
@@ -47,51 +61,38 @@ class _Batch(msgspec.Struct, array_like=True):
     data_parallel_rank: int | None = None
 
 
-class _RawBatch(msgspec.Struct, array_like=True):
-    ts: float
-    events: list[msgspec.Raw]
-    data_parallel_rank: int | None = None
-
-
 _batch_decoder = msgspec.msgpack.Decoder(_Batch)
-_raw_batch_decoder = msgspec.msgpack.Decoder(_RawBatch)
-_event_decoder = msgspec.msgpack.Decoder(_Event)
+
+B = TypeVar("B")
+
+
+def on_device(medium: str | None) -> bool:
+    """Whether an event's blocks are in the device KV cache (see the contract)."""
+    return medium is None or medium == DEVICE_MEDIUM
+
+
+def decode_frames(seq_bytes: bytes, payload: bytes, decoder: msgspec.msgpack.Decoder[B]) -> tuple[int, B]:
+    """(sequence frame, payload frame) -> (seq, the payload as `decoder`
+    types it); `MalformedEvents` if it does not decode."""
+    try:
+        return int.from_bytes(seq_bytes, "big", signed=True), decoder.decode(payload)
+    except (msgspec.DecodeError, ValueError, TypeError) as e:
+        raise MalformedEvents(f"undecodable KV event batch: {e}") from e
 
 
 def _translate(event: Any) -> KVEvent | None:
-    if event.group_idx if type(event) is not _AllBlocksCleared else None:
-        return None  # a KV group other than the first
+    if type(event) is _AllBlocksCleared:
+        return AllBlocksCleared()
+    if event.group_idx or not on_device(event.medium):
+        return None  # a KV group other than the first, or another storage tier
     if type(event) is _BlockStored:
         return BlockStored(event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size)
-    if type(event) is _BlockRemoved:
-        return BlockRemoved(event.block_hashes)
-    return AllBlocksCleared()
-
-
-def _decode_event_by_event(payload: bytes) -> tuple[float, list[Any]]:
-    """Slow path for a batch holding an event kind we do not know: skip those."""
-    batch = _raw_batch_decoder.decode(payload)
-    events = []
-    for raw in batch.events:
-        try:
-            events.append(_event_decoder.decode(raw))
-        except msgspec.DecodeError:
-            continue
-    return batch.ts, events
+    return BlockRemoved(event.block_hashes)
 
 
 def decode_batch(seq_bytes: bytes, payload: bytes) -> KVEventBatch:
-    try:
-        seq = int.from_bytes(seq_bytes, "big", signed=True)
-        try:
-            batch = _batch_decoder.decode(payload)
-            ts, raw_events = batch.ts, batch.events
-        except msgspec.ValidationError:
-            ts, raw_events = _decode_event_by_event(payload)
-    except (msgspec.DecodeError, ValueError, TypeError) as e:
-        raise MalformedEvents(f"undecodable KV event batch: {e}") from e
-    events = tuple(e for e in map(_translate, raw_events) if e is not None)
-    return KVEventBatch(seq=seq, ts=ts, events=events)
+    seq, batch = decode_frames(seq_bytes, payload, _batch_decoder)
+    return KVEventBatch(seq=seq, ts=batch.ts, events=tuple(e for e in map(_translate, batch.events) if e is not None))
 
 
 # vLLM binds `tcp://*:0` to its node address (VLLM_HOST_IP), not to every
@@ -118,9 +119,9 @@ _encoder = msgspec.msgpack.Encoder()
 def _wire(event: KVEvent) -> _Event:
     if isinstance(event, BlockStored):
         return _BlockStored(tuple(event.engine_hashes), event.parent_engine_hash, tuple(event.token_ids),
-                            event.block_size)
+                            event.block_size, DEVICE_MEDIUM)
     if isinstance(event, BlockRemoved):
-        return _BlockRemoved(tuple(event.engine_hashes))
+        return _BlockRemoved(tuple(event.engine_hashes), DEVICE_MEDIUM)
     return _AllBlocksCleared()
 
 

@@ -216,6 +216,6 @@ def test_an_sglang_pool_pairs_only_with_an_sglang_pool(in_group):
     gpu = {"engine": {"kind": "vllm"}}
     args = {"model": {"name": "m", "source": "org/m", "max_model_len": 4096}}
     args |= {"decode_pool": gpu, "pool_groups": [{"name": "sg", **mixed}]} if in_group else mixed
-    with pytest.raises(ValueError, match="must both be kind sglang") as e:
+    with pytest.raises(ValueError, match="hand KV over differently") as e:
         AppConfig.model_validate(args)
     assert ("pool_groups[sg]" in str(e.value)) is in_group

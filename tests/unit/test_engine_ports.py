@@ -1,5 +1,7 @@
 import random
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -9,6 +11,7 @@ from orchestrator.engines.ports import (
     ephemeral_ports,
     listen_candidates,
     listen_port,
+    reserve_listen_port,
 )
 
 
@@ -50,3 +53,37 @@ def test_the_ephemeral_range_is_read_from_the_kernel_or_defaulted(tmp_path):
     custom.write_text("40000\t50000\n")
     assert ephemeral_ports(custom) == range(40000, 50001)
     assert ephemeral_ports(tmp_path / "missing") == LINUX_DEFAULT_EPHEMERAL
+
+
+def test_a_reserved_port_is_drawn_by_no_other_reservation_until_released():
+    first = reserve_listen_port("127.0.0.1", random.Random(0))
+    second = reserve_listen_port("127.0.0.1", random.Random(0))  # the same draws
+    try:
+        assert second.port != first.port
+        assert first.port == listen_port("127.0.0.1", random.Random(0))  # free: the engine has not bound it yet
+    finally:
+        first.release()
+        second.release()
+    again = reserve_listen_port("127.0.0.1", random.Random(0))
+    again.release()
+    assert again.port == first.port
+
+
+def test_a_reservation_holds_across_processes_until_its_process_ends():
+    """Replicas on one node are processes: another process's reservation is
+    respected, and the kernel drops it with that process."""
+    hold = ("import random, sys\n"
+            "from orchestrator.engines.ports import reserve_listen_port\n"
+            "held = reserve_listen_port('127.0.0.1', random.Random(0))\n"
+            "print(held.port, flush=True)\n"
+            "sys.stdin.read()\n")
+    with subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as holder:
+        held = int(holder.stdout.readline())
+        mine = reserve_listen_port("127.0.0.1", random.Random(0))
+        mine.release()
+        holder.stdin.close()  # the holder exits
+    assert mine.port != held
+    after = reserve_listen_port("127.0.0.1", random.Random(0))
+    after.release()
+    assert after.port == held

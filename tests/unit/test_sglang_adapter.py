@@ -1,14 +1,20 @@
-"""The SGLang engine kind without SGLang: every translation of the adapter
-against payload shapes recorded from SGLang's source (tests/fixtures/sglang/,
-README there), the KV event decoder, config validation, and the request
-path's concurrent KV handoff with fake pools on the far side of the engine
-boundary. The engine itself runs only on GPU machines (benchmarks/gpu/)."""
+"""The SGLang engine kind without a GPU: the adapter's translations checked
+against the pinned SGLang's own code (installed without its dependencies by
+scripts/setup.sh, run in a child process: tests/fixtures/sglang/sglang_code.py),
+so that an SGLang release that departs from the adapter fails here, not on a
+GPU; output dicts SGLang builds only inside a running engine, recorded from
+its source (tests/fixtures/sglang/, README there); the request path's
+concurrent KV handoff with fake pools on the far side of the engine boundary.
+The engine itself runs only on GPU machines (benchmarks/gpu/)."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import random
+import subprocess
+import sys
+import tomllib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,8 +29,9 @@ from orchestrator.config import (
     PoolConfig,
     SglangEngineConfig,
 )
-from orchestrator.engines import check_engine_config, kv_event_decoder, process_env
+from orchestrator.engines import EngineSpec, check_engine_config, kv_event_decoder, process_env
 from orchestrator.engines.base import (
+    BOOTSTRAP_ROOM_BITS,
     EngineError,
     EngineInfo,
     EngineRequestRejected,
@@ -32,6 +39,7 @@ from orchestrator.engines.base import (
     KVHandoff,
     rendezvous_transfer,
 )
+from orchestrator.engines.ports import FIRST_LISTEN_PORT, ephemeral_ports
 from orchestrator.engines.sglang_engine import (
     RECORDED_SERVER_ARGS_FIELDS,
     ChunkDecoder,
@@ -39,18 +47,21 @@ from orchestrator.engines.sglang_engine import (
     StatsSink,
     StreamMode,
     check_server_args,
+    draw_ports,
     engine_info,
     generate_kwargs,
     parse_finish,
     parse_output,
     sampling_params,
+    server_args_fields,
     server_args_kwargs,
     stream_mode,
 )
 from orchestrator.engines.sglang_kv_events import MalformedEvents, decode_batch
 from orchestrator.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
-from orchestrator.kv.index import KVIndex
 from orchestrator.kv.hashing import block_hashes
+from orchestrator.kv.index import KVIndex
+from orchestrator.kv.ingest import Action, KVEventIngest, ResyncReason
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import ReplicaView
 from orchestrator.request_path import RequestPath, RequestTrace
@@ -64,14 +75,51 @@ from orchestrator.requests import (
 )
 from orchestrator.routing.base import RouteDecision, RouteKind, RouteReason
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "sglang"
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "sglang"
 OUTPUTS = json.loads((FIXTURES / "outputs.json").read_text())
-EVENTS = json.loads((FIXTURES / "kv_events.json").read_text())
 
 MODEL = ModelConfig(name="llama", source="meta-llama/Llama-3.1-8B-Instruct", max_model_len=16384, dtype="bfloat16",
                     seed=3)
 KV = KVCacheConfig(block_size=16)
 PROMPT = tuple(range(1, 10))
+
+# What the checks below hand to SGLang's own code.
+ENGINE = SglangEngineConfig(kind="sglang", mem_fraction_static=0.85, chunked_prefill_size=8192, ib_device="mlx5_0",
+                            server_args={"attention_backend": "fa3", "incremental_streaming_output": True,
+                                         "enable_deterministic_inference": True})
+PORTS = EnginePorts(server=31000, bootstrap=28999, kv_events=25557, kv_events_replay=25558)
+SERVER_ARGS = {
+    "prefill": server_args_kwargs(EngineSpec(MODEL, KV, ENGINE, EngineRole.PREFILL, "10.0.0.5", NetworkConfig(),
+                                             publish_kv_events=True), PORTS),
+    "decode": server_args_kwargs(EngineSpec(MODEL, KV, ENGINE, EngineRole.DECODE, "10.0.0.6", NetworkConfig()),
+                                 EnginePorts(server=31001)),
+    "aggregated": server_args_kwargs(EngineSpec(MODEL, KVCacheConfig(enable_prefix_caching=False),
+                                                SglangEngineConfig(kind="sglang"), EngineRole.AGGREGATED,
+                                                "10.0.0.7", NetworkConfig()), EnginePorts(server=31002)),
+}
+SAMPLING = {
+    "every_field": SamplingSpec(max_tokens=32, temperature=0.5, top_p=0.9, top_k=40, min_p=0.1, seed=7,
+                                stop=("\n\n",), stop_token_ids=(128009,), ignore_eos=True, min_tokens=2,
+                                presence_penalty=0.1, frequency_penalty=0.2, repetition_penalty=1.1),
+    "defaults": SamplingSpec(max_tokens=4),
+    "greedy": SamplingSpec(max_tokens=4, temperature=0.0),
+    "out_of_range": SamplingSpec(max_tokens=4, repetition_penalty=3.0),
+}
+
+
+@pytest.fixture(scope="module")
+def sglang_code() -> dict:
+    """tests/fixtures/sglang/sglang_code.py's answer for SERVER_ARGS and SAMPLING."""
+    request = {"server_args": list(SERVER_ARGS.values()),
+               "sampling_params": [sampling_params(spec) for spec in SAMPLING.values()]}
+    run = subprocess.run([sys.executable, str(FIXTURES / "sglang_code.py")], input=json.dumps(request),
+                         capture_output=True, text=True, check=False, cwd=ROOT)
+    assert run.returncode == 0, f"SGLang's code did not run (scripts/setup.sh installs it):\n{run.stderr[-3000:]}"
+    answer = json.loads(run.stdout.splitlines()[-1])
+    answer["server_args"] = dict(zip(SERVER_ARGS, answer["server_args"]))
+    answer["sampling_params"] = dict(zip(SAMPLING, answer["sampling_params"]))
+    return answer
 
 
 def _request(**sampling) -> EngineRequest:
@@ -88,65 +136,120 @@ def _rendezvous(room: int = 42) -> KVTransfer:
     return rendezvous_transfer(_info(EngineRole.PREFILL), len(PROMPT), room)
 
 
+def test_the_sglang_checked_is_the_pinned_one(sglang_code):
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]["sglang"]
+    assert f"sglang=={sglang_code['version']}" in extra
+
+
 # -- ServerArgs ------------------------------------------------------------------
 
 
 def test_server_args_for_each_role():
-    engine = SglangEngineConfig(kind="sglang", mem_fraction_static=0.85, chunked_prefill_size=8192,
-                                ib_device="mlx5_0", server_args={"attention_backend": "fa3"})
-    ports = EnginePorts(server=31000, bootstrap=8999, kv_events=5557, kv_events_replay=5558)
-    prefill = server_args_kwargs(MODEL, KV, engine, EngineRole.PREFILL, "10.0.0.5", NetworkConfig(), ports,
-                                 publish_kv_events=True)
-    assert prefill == {
+    assert SERVER_ARGS["prefill"] == {
         "model_path": "meta-llama/Llama-3.1-8B-Instruct", "tokenizer_path": "meta-llama/Llama-3.1-8B-Instruct",
         "served_model_name": "llama", "dtype": "bfloat16", "context_length": 16384, "random_seed": 3,
         "page_size": 16, "disable_radix_cache": False, "tp_size": 1, "host": "10.0.0.5", "port": 31000,
         "disaggregation_mode": "prefill", "disaggregation_transfer_backend": "nixl",
-        "disaggregation_ib_device": "mlx5_0", "disaggregation_bootstrap_port": 8999,
-        "kv_events_config": json.dumps({"publisher": "zmq", "endpoint": "tcp://*:5557",
-                                        "replay_endpoint": "tcp://*:5558", "topic": "kv"}),
+        "disaggregation_ib_device": "mlx5_0", "disaggregation_bootstrap_port": 28999,
+        "kv_events_config": json.dumps({"publisher": "zmq", "endpoint": "tcp://*:25557",
+                                        "replay_endpoint": "tcp://*:25558", "topic": "kv"}),
         "mem_fraction_static": 0.85, "chunked_prefill_size": 8192, "attention_backend": "fa3",
+        "incremental_streaming_output": True, "enable_deterministic_inference": True,
     }
-    decode = server_args_kwargs(MODEL, KV, engine, EngineRole.DECODE, "10.0.0.6", NetworkConfig(),
-                                EnginePorts(server=31001))
+    decode = SERVER_ARGS["decode"]
     assert decode["disaggregation_mode"] == "decode" and "disaggregation_bootstrap_port" not in decode
     assert "kv_events_config" not in decode
-    agg = server_args_kwargs(MODEL, KVCacheConfig(enable_prefix_caching=False), SglangEngineConfig(kind="sglang"),
-                             EngineRole.AGGREGATED, "10.0.0.7", NetworkConfig(), EnginePorts(server=31002))
+    agg = SERVER_ARGS["aggregated"]
     assert agg["disaggregation_mode"] == "null" and agg["disable_radix_cache"] is True
     assert "disaggregation_transfer_backend" not in agg and "mem_fraction_static" not in agg
-    assert set(prefill) | set(agg) <= RECORDED_SERVER_ARGS_FIELDS
+
+
+def test_sglangs_server_args_take_what_the_adapter_sets(sglang_code):
+    """ServerArgs(**kwargs) as sglang.Engine builds it; kv_events_config as SGLang's KVEventsConfig."""
+    answers = sglang_code["server_args"]
+    assert all(answer["ok"] for answer in answers.values()), answers
+
+
+def test_server_args_fields_are_the_installed_sglangs(sglang_code):
+    real = frozenset(sglang_code["server_args_fields"])
+    assert server_args_fields() == real
+    assert RECORDED_SERVER_ARGS_FIELDS <= real
+    with pytest.raises(ValueError, match=r"\['cuda_graph_max_bs', 'stream_output'\]"):
+        check_server_args(SglangEngineConfig(kind="sglang", server_args={"stream_output": True,
+                                                                         "cuda_graph_max_bs": 8}), real)
 
 
 def test_a_prefill_engine_needs_a_bootstrap_port():
     with pytest.raises(ValueError, match="bootstrap"):
-        server_args_kwargs(MODEL, KV, SglangEngineConfig(kind="sglang"), EngineRole.PREFILL, "h", NetworkConfig(),
-                           EnginePorts(server=1))
+        server_args_kwargs(EngineSpec(MODEL, KV, SglangEngineConfig(kind="sglang"), EngineRole.PREFILL, "h",
+                                      NetworkConfig()), EnginePorts(server=1))
+
+
+def test_prefill_replicas_on_one_node_never_share_a_bootstrap_port():
+    """Replicas starting together can draw the same candidates (here: the
+    same seed); each still gets its own bootstrap port, drawn as the other
+    engine ports are."""
+    drawn = [draw_ports("127.0.0.1", EngineRole.PREFILL, publish_kv_events=True, rng=random.Random(0))
+             for _ in range(4)]
+    try:
+        bootstrap = [ports.bootstrap for ports, _ in drawn]
+        assert [reservation.port for _, reservation in drawn] == bootstrap and len(set(bootstrap)) == 4
+        ephemeral = ephemeral_ports()
+        assert all(port >= FIRST_LISTEN_PORT and port not in ephemeral for port in bootstrap)
+    finally:
+        for _, reservation in drawn:
+            reservation.release()
+    ports, released_again = draw_ports("127.0.0.1", EngineRole.PREFILL, False, random.Random(0))
+    released_again.release()
+    assert ports.bootstrap == bootstrap[0]  # a replica that shut down gave its port back
+    decode, none = draw_ports("127.0.0.1", EngineRole.DECODE, publish_kv_events=False)
+    assert decode.bootstrap is None and decode.kv_events is None and none is None
 
 
 # -- requests ----------------------------------------------------------------------
 
 
 def test_sampling_params_use_sglang_names():
-    spec = SamplingSpec(max_tokens=32, temperature=0.5, top_p=0.9, top_k=40, min_p=0.1, seed=7, stop=("\n\n",),
-                        stop_token_ids=(128009,), ignore_eos=True, min_tokens=2, presence_penalty=0.1,
-                        frequency_penalty=0.2, repetition_penalty=1.1)
-    assert sampling_params(spec) == {
+    assert sampling_params(SAMPLING["every_field"]) == {
         "max_new_tokens": 32, "min_new_tokens": 2, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.1,
         "ignore_eos": True, "presence_penalty": 0.1, "frequency_penalty": 0.2, "repetition_penalty": 1.1,
         "stop": ["\n\n"], "stop_token_ids": [128009], "sampling_seed": 7,
     }
-    plain = sampling_params(SamplingSpec(max_tokens=4))
+    plain = sampling_params(SAMPLING["defaults"])
     assert plain["top_k"] == -1 and not {"stop", "stop_token_ids", "sampling_seed"} & set(plain)
 
 
-def test_generate_kwargs_carry_the_rendezvous_as_sglangs_load_balancer_does():
-    request = _request().for_decode("d0", _rendezvous(room=6148914691236517205))
+def test_sglang_reads_the_sampling_params_as_meant(sglang_code):
+    """SGLang's SamplingParams built, normalized and verified as its tokenizer
+    manager does; a seed is kept (used only in deterministic mode: README)."""
+    answers = sglang_code["sampling_params"]
+    full = answers["every_field"]["params"]
+    assert {k: full[k] for k in ("max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p",
+                                 "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                                 "stop_strs", "stop_token_ids", "sampling_seed")} == {
+        "max_new_tokens": 32, "min_new_tokens": 2, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.1,
+        "ignore_eos": True, "presence_penalty": 0.1, "frequency_penalty": 0.2, "repetition_penalty": 1.1,
+        "stop_strs": ["\n\n"], "stop_token_ids": [128009], "sampling_seed": 7,
+    }
+    defaults = answers["defaults"]["params"]
+    assert defaults["top_k"] == 1 << 30 and defaults["sampling_seed"] is None  # top_k -1: the whole vocabulary
+    assert answers["greedy"]["params"]["top_k"] == 1  # temperature 0: greedy
+    assert answers["out_of_range"] == {"ok": False, "error": answers["out_of_range"]["error"]}
+    assert answers["out_of_range"]["error"].startswith("ValueError: repetition_penalty")  # the adapter's 400
+
+
+def test_generate_kwargs_carry_the_rendezvous(sglang_code):
+    room = random.Random(0).getrandbits(BOOTSTRAP_ROOM_BITS)
+    request = _request().for_decode("d0", _rendezvous(room=room))
     kwargs = generate_kwargs(request, "req-1-abc", stream=True)
-    lb = OUTPUTS["mini_lb_request_fields"]
-    assert {k: kwargs[k] for k in lb} == lb
+    assert set(kwargs) <= set(sglang_code["async_generate"])  # Engine.async_generate's parameters
+    assert {k: kwargs[k] for k in ("bootstrap_host", "bootstrap_port", "bootstrap_room")} == {
+        "bootstrap_host": "10.0.0.5", "bootstrap_port": 8998, "bootstrap_room": room}
+    # SGLang keeps rooms in an int64 (or uint64) buffer (srt/disaggregation/utils.py).
+    assert 0 <= room < 2**63
     assert kwargs["input_ids"] == list(PROMPT) and kwargs["rid"] == "req-1-abc" and kwargs["stream"] is True
     assert not {"bootstrap_host", "bootstrap_room"} & set(generate_kwargs(_request(), "r", stream=False))
+    assert "rid" in sglang_code["abort_request"]  # TokenizerManager.abort_request(rid=...)
 
 
 def test_a_transfer_that_is_no_rendezvous_is_rejected():
@@ -164,15 +267,14 @@ def _chunks(stream: list[dict], mode: StreamMode, request: EngineRequest) -> lis
 
 
 @pytest.mark.parametrize("name, mode", [("cumulative_stream", StreamMode.CUMULATIVE),
-                                         ("incremental_stream", StreamMode.INCREMENTAL),
-                                         ("legacy_stream_output", StreamMode.INCREMENTAL_IDS)])
+                                         ("incremental_stream", StreamMode.INCREMENTAL)])
 def test_each_stream_mode_becomes_deltas(name, mode):
     stream = OUTPUTS[name]
     chunks = _chunks(stream, mode, _request(stop_token_ids=()))
     final = stream[-1]
-    all_ids = (final["output_ids"] if mode is StreamMode.CUMULATIVE
-               else [t for o in stream for t in o["output_ids"]])
-    all_text = final["text"] if mode is not StreamMode.INCREMENTAL else "".join(o["text"] for o in stream)
+    incremental = mode is StreamMode.INCREMENTAL
+    all_ids = [t for o in stream for t in o["output_ids"]] if incremental else final["output_ids"]
+    all_text = "".join(o["text"] for o in stream) if incremental else final["text"]
     assert [t for c in chunks for t in c.token_ids] == all_ids
     assert "".join(c.text for c in chunks) == all_text
     assert [c.finished for c in chunks] == [False] * (len(chunks) - 1) + [True]
@@ -182,12 +284,11 @@ def test_each_stream_mode_becomes_deltas(name, mode):
 
 def test_stream_mode_follows_the_server_args():
     assert stream_mode({}) is StreamMode.CUMULATIVE
-    assert stream_mode({"stream_output": True}) is StreamMode.INCREMENTAL_IDS
     assert stream_mode({"incremental_streaming_output": True}) is StreamMode.INCREMENTAL
 
 
-def test_finish_reasons_and_stop_reasons():
-    reasons = OUTPUTS["finish_reasons"]
+def test_finish_reasons_and_stop_reasons(sglang_code):
+    reasons = sglang_code["finish_reasons"]
     assert parse_finish(None) is None
     assert parse_finish(reasons["length"]).reason is FinishReason.LENGTH
     assert parse_finish(reasons["stop_string"]).matched == "\n\n"
@@ -203,8 +304,8 @@ def test_finish_reasons_and_stop_reasons():
     assert last_chunk(reasons["stop_string"], stop=("\n\n",)).stop_reason == "\n\n"
 
 
-def test_aborts_raise_by_whose_fault_they_are():
-    reasons = OUTPUTS["finish_reasons"]
+def test_aborts_raise_by_whose_fault_they_are(sglang_code):
+    reasons = sglang_code["finish_reasons"]
 
     def feed(finish):
         out = {"text": "", "output_ids": [], "meta_info": {"prompt_tokens": 9, "finish_reason": finish}}
@@ -270,54 +371,93 @@ def test_rendezvous_transfer_names_the_prefill_replica():
         rendezvous_transfer(vllm_info, 9, 7)
 
 
-# -- KV events -------------------------------------------------------------------------
+# -- KV events, as SGLang's recorder and publisher make them (sglang_code.py's kv_batches) ---
+
+PAGE_TOKENS = tuple(range(100, 112))  # three pages of 4 tokens
+PAGE_HASHES = (-7001, 7002, 7003)
+OTHER_PROMPT = list(range(500, 508))
 
 
-def _fixture_batch(name: str):
-    entry = EVENTS[name]
-    return decode_batch(bytes.fromhex(entry["seq_frame_hex"]), (FIXTURES / entry["payload"]).read_bytes())
+def _frames(sglang_code: dict, name: str) -> tuple[bytes, bytes]:
+    entry = sglang_code["kv_batches"][name]
+    return bytes.fromhex(entry["seq_frame_hex"]), bytes.fromhex(entry["payload_hex"])
 
 
-def test_sglang_event_batches_decode_into_index_events():
+def _batch(sglang_code: dict, name: str):
+    return decode_batch(*_frames(sglang_code, name))
+
+
+def _hits(index: KVIndex, tokens) -> dict[str, int]:
+    return index.overlaps(block_hashes(list(tokens), 4))
+
+
+def test_the_decoder_knows_every_event_kind_sglang_sends(sglang_code):
     assert kv_event_decoder("sglang") is decode_batch
-    batch = _fixture_batch("stored_pages")
+    assert sglang_code["kv_event_kinds"] == ["AllBlocksCleared", "BlockRemoved", "BlockStored"]
+
+
+def test_consecutive_pages_come_as_one_event_that_the_index_chains(sglang_code):
+    batch = _batch(sglang_code, "stored_pages")
     assert (batch.seq, batch.ts) == (0, 1700000000.5)
-    assert batch.events == (
-        BlockStored((-7001,), None, (100, 101, 102, 103), 4),
-        BlockStored((7002,), -7001, (104, 105, 106, 107), 4),
-        BlockStored((7003,), 7002, (108, 109, 110, 111), 4),
-    )
-    assert _fixture_batch("removed_and_cleared").events == (BlockRemoved((7003,)), AllBlocksCleared())
-
-
-def test_the_index_follows_sglang_pages_like_vllm_blocks():
+    assert batch.events == (BlockStored(PAGE_HASHES, None, PAGE_TOKENS, 4),)
     index = KVIndex()
-    index.apply("p0", _fixture_batch("stored_pages").events)
-    assert index.overlaps(block_hashes(list(range(100, 112)), 4)) == {"p0": 3}
+    index.apply("p0", batch.events)
+    assert _hits(index, PAGE_TOKENS) == {"p0": 3}
 
 
-def test_other_storage_tiers_are_skipped():
-    assert _fixture_batch("with_medium").events == (
-        BlockStored((7101,), None, (100, 101, 102, 103), 4),
-        BlockRemoved((7101,)),
-    )
+def test_a_block_held_only_in_host_memory_is_no_hit(sglang_code):
+    index = KVIndex()
+    index.apply("p0", _batch(sglang_code, "stored_pages").events)
+    backed_up_then_evicted = _batch(sglang_code, "backed_up_then_evicted")
+    assert backed_up_then_evicted.events == (BlockRemoved((7003,)),)  # the CPU_PINNED copies are skipped
+    index.apply("p0", backed_up_then_evicted.events)
+    assert _hits(index, PAGE_TOKENS) == {"p0": 2}
+    host_only = _batch(sglang_code, "host_only")
+    assert host_only.events == ()  # a host copy removed (its GPU copy stays), another prefix stored on host
+    index.apply("p0", host_only.events)
+    assert _hits(index, PAGE_TOKENS) == {"p0": 2} and _hits(index, OTHER_PROMPT) == {}
 
 
-def test_vllms_decoder_cannot_read_sglang_payloads():
-    """The formats differ (array-like events vs maps): hence a decoder of its own."""
+def test_removed_and_cleared(sglang_code):
+    assert _batch(sglang_code, "removed_and_cleared").events == (BlockRemoved((7002,)), AllBlocksCleared())
+
+
+def test_bigram_pages_are_indexed_by_their_own_tokens(sglang_code):
+    assert _batch(sglang_code, "bigram_pages").events == (BlockStored(PAGE_HASHES, None, PAGE_TOKENS, 4),)
+
+
+def test_an_unknown_event_kind_is_counted_and_resyncs_the_replica_never_a_wrong_hit(sglang_code):
+    """The subscriber counts a MalformedEvents batch and drops it; the gap it
+    leaves, not filled by replay, clears the replica's blocks."""
+    with pytest.raises(MalformedEvents, match="BlockPinned"):
+        _batch(sglang_code, "unknown_kind")
+    ingest = KVEventIngest(KVIndex())
+    assert ingest.on_batch("p0", _batch(sglang_code, "stored_pages")).action is Action.APPLIED
+    after_the_dropped_one = replace(_batch(sglang_code, "host_only"), seq=2)
+    assert ingest.on_batch("p0", after_the_dropped_one).action is Action.REPLAY
+    outcome = ingest.on_batch("p0", after_the_dropped_one, can_replay=False)
+    assert (outcome.action, outcome.resync) == (Action.RESYNCED, ResyncReason.GAP)
+    assert _hits(ingest.index, PAGE_TOKENS) == {}
+
+
+def test_vllms_decoder_reads_sglang_payloads_but_not_bigram_pages(sglang_code):
+    """The two engines now send the same event shape; each keeps its decoder
+    for what the other lacks (SGLang's bigram pages, vLLM's KV groups)."""
     from orchestrator.engines.vllm_kv_events import decode_batch as vllm_decode
 
-    entry = EVENTS["stored_pages"]
-    assert vllm_decode(bytes(8), (FIXTURES / entry["payload"]).read_bytes()).events == ()
+    for name in ("stored_pages", "backed_up_then_evicted", "host_only", "removed_and_cleared"):
+        assert vllm_decode(*_frames(sglang_code, name)) == _batch(sglang_code, name)
+    with pytest.raises(MalformedEvents):
+        vllm_decode(*_frames(sglang_code, "bigram_pages"))
 
 
-def test_garbage_and_unknown_kinds():
+def test_garbage_and_the_old_array_shape_are_malformed():
     with pytest.raises(MalformedEvents):
         decode_batch(bytes(8), b"\xc1not msgpack")
     with pytest.raises(MalformedEvents):
         decode_batch(bytes(8), msgspec.msgpack.encode({"a": 1}))
-    payload = msgspec.msgpack.encode([2.0, [["BlockPinned", [1]], ["BlockRemoved", [3]]]])
-    assert decode_batch(bytes(8), payload).events == (BlockRemoved((3,)),)
+    with pytest.raises(MalformedEvents):  # events as arrays: SGLang before its events became tagged maps
+        decode_batch(bytes(8), msgspec.msgpack.encode([2.0, [["BlockRemoved", [3]]]]))
 
 
 # -- registration and config validation -------------------------------------------------
@@ -327,7 +467,7 @@ def _pool(**engine) -> PoolConfig:
     return PoolConfig(engine={"kind": "sglang", **engine})
 
 
-def test_unknown_server_args_fail_against_the_recorded_fields():
+def test_unknown_server_args_fail_the_engine_check():
     check_engine_config(_pool(server_args={"attention_backend": "fa3", "max_total_tokens": 1000}))
     with pytest.raises(ValueError, match=r"\['atention_backend'\]"):
         check_engine_config(_pool(server_args={"atention_backend": "fa3"}))
@@ -351,7 +491,6 @@ def test_process_env_maps_the_handshake_timeout():
 
 def replace_network(app):
     return app.model_copy(update={"network": NetworkConfig()})
-
 
 # -- the request path's concurrent handoff, over fake pools --------------------------------
 
@@ -589,7 +728,7 @@ class FakeSglang:
 def _engine(role: EngineRole, fake: FakeSglang):
     from orchestrator.engines.sglang_engine import SglangEngine
 
-    engine = SglangEngine(MODEL, KV, SglangEngineConfig(kind="sglang"), role, "127.0.0.1", NetworkConfig())
+    engine = SglangEngine(EngineSpec(MODEL, KV, SglangEngineConfig(kind="sglang"), role, "127.0.0.1", NetworkConfig()))
     engine._engine = fake  # what start() would have built
     return engine
 
@@ -628,8 +767,8 @@ def test_closing_a_stream_early_aborts_it_in_sglang():
     assert fake.tokenizer_manager.aborted == [fake.calls[0]["rid"]]
 
 
-def test_an_aborted_transfer_is_an_engine_error_and_a_failed_transfer():
-    failed = OUTPUTS["finish_reasons"]["abort_transfer_failed"]
+def test_an_aborted_transfer_is_an_engine_error_and_a_failed_transfer(sglang_code):
+    failed = sglang_code["finish_reasons"]["abort_transfer_failed"]
     aborted = {"text": "", "output_ids": [],
                "meta_info": {"prompt_tokens": 9, "completion_tokens": 0, "cached_tokens": 0, "finish_reason": failed}}
     engine = _engine(EngineRole.DECODE, FakeSglang([aborted]))

@@ -13,6 +13,7 @@ import zmq
 import zmq.asyncio
 
 from orchestrator.config import KVCacheConfig, ModelConfig, SimEngineConfig
+from orchestrator.engines.adapter import EngineSpec
 from orchestrator.engines.base import EngineRequestRejected, EngineRole
 from orchestrator.engines.sim_engine import SimEngine, kv_capacity_blocks, perf_model
 from orchestrator.engines.vllm_kv_events import decode_batch
@@ -38,7 +39,8 @@ def word_tokenizer(directory: Path) -> Path:
 def make_engine(tmp_path: Path, role=EngineRole.AGGREGATED, publish=False, **cfg) -> SimEngine:
     model = ModelConfig(name="sim", source=str(word_tokenizer(tmp_path)), max_model_len=8192)
     engine = SimEngineConfig(kind="sim", **({"num_gpu_blocks": 64} | cfg))
-    return SimEngine(model, KVCacheConfig(block_size=BLOCK), engine, role, "127.0.0.1", publish_kv_events=publish)
+    return SimEngine(EngineSpec(model, KVCacheConfig(block_size=BLOCK), engine, role, "127.0.0.1",
+                                publish_kv_events=publish))
 
 
 def request(rid: str, prompt: list[int], max_tokens: int = 4) -> EngineRequest:

@@ -4,24 +4,28 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+import vllm.distributed.kv_events as kv_events
 
 from orchestrator.engines.vllm_kv_events import MalformedEvents, decode_batch
 from orchestrator.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
-
-kv_events = pytest.importorskip("vllm.distributed.kv_events")
+from orchestrator.kv.hashing import block_hashes
+from orchestrator.kv.index import KVIndex
 
 
 def _encode(events, ts=1.5):
     return msgspec.msgpack.Encoder().encode(kv_events.KVEventBatch(ts=ts, events=events))
 
 
+def _stored(hashes, parent, tokens, medium=kv_events.MEDIUM_GPU):
+    return kv_events.BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=list(tokens),
+                                 block_size=32, lora_id=None, medium=medium, lora_name=None)
+
+
 def test_vllm_encoded_batches_decode_into_index_events():
     payload = _encode([
-        kv_events.BlockStored(block_hashes=[11, 12], parent_block_hash=None, token_ids=list(range(64)),
-                              block_size=32, lora_id=None, medium="GPU", lora_name=None),
-        kv_events.BlockStored(block_hashes=[b"\x01" * 32], parent_block_hash=12, token_ids=list(range(32)),
-                              block_size=32, lora_id=None, medium="GPU", lora_name=None),
-        kv_events.BlockRemoved(block_hashes=[11], medium="GPU"),
+        _stored([11, 12], None, range(64)),
+        _stored([b"\x01" * 32], 12, range(32)),
+        kv_events.BlockRemoved(block_hashes=[11], medium=kv_events.MEDIUM_GPU),
         kv_events.AllBlocksCleared(),
     ])
     batch = decode_batch((7).to_bytes(8, "big"), payload)
@@ -34,8 +38,25 @@ def test_vllm_encoded_batches_decode_into_index_events():
     )
 
 
+def test_a_block_held_only_in_host_memory_is_no_hit():
+    """vLLM's offloading connector reports host copies as medium CPU."""
+    index = KVIndex()
+    prompt = block_hashes(list(range(64)), 32)
+    index.apply("d0", decode_batch(bytes(8), _encode([_stored([11, 12], None, range(64))])).events)
+    offloaded_then_evicted = decode_batch(bytes(8), _encode([
+        _stored([11, 12], None, range(64), medium=kv_events.MEDIUM_CPU),
+        kv_events.BlockRemoved(block_hashes=[12], medium=kv_events.MEDIUM_GPU),
+        kv_events.BlockRemoved(block_hashes=[11], medium=kv_events.MEDIUM_CPU),  # its device copy stays
+        _stored([21], None, range(100, 132), medium=kv_events.MEDIUM_STORAGE),
+    ]))
+    assert offloaded_then_evicted.events == (BlockRemoved((12,)),)
+    index.apply("d0", offloaded_then_evicted.events)
+    assert index.overlaps(prompt) == {"d0": 1}
+    assert index.overlaps(block_hashes(list(range(100, 132)), 32)) == {}
+
+
 def test_other_kv_groups_are_skipped():
-    payload = _encode([kv_events.BlockRemoved(block_hashes=[1], medium="GPU", group_idx=1)])
+    payload = _encode([kv_events.BlockRemoved(block_hashes=[1], medium=kv_events.MEDIUM_GPU, group_idx=1)])
     assert decode_batch((0).to_bytes(8, "big"), payload).events == ()
 
 
@@ -46,8 +67,15 @@ def test_garbage_is_reported_not_crashed_on():
         decode_batch((0).to_bytes(8, "big"), msgspec.msgpack.encode({"a": 1}))
 
 
-def test_a_batch_with_an_unknown_event_kind_keeps_the_known_ones():
-    encoder = msgspec.msgpack.Encoder()
-    stored = msgspec.msgpack.decode(encoder.encode(kv_events.BlockRemoved(block_hashes=[3], medium="GPU")))
-    payload = encoder.encode([2.0, [{"type": "BlockPinned", "block_hashes": [1]}, stored]])
-    assert decode_batch((1).to_bytes(8, "big"), payload).events == (BlockRemoved((3,)),)
+def test_a_batch_with_an_unknown_event_kind_is_malformed_as_a_whole():
+    """Applying only the known events could leave blocks the engine no longer
+    holds; the subscriber counts the batch and the index resyncs the replica
+    over the gap (test_sglang_adapter.py follows that through)."""
+
+    class BlockPinned(kv_events.KVCacheEvent):
+        block_hashes: list[int]
+
+    payload = _encode([BlockPinned(block_hashes=[1]), kv_events.BlockRemoved(block_hashes=[3], medium="GPU")])
+    with pytest.raises(MalformedEvents, match="BlockPinned"):
+        decode_batch((1).to_bytes(8, "big"), payload)
+

@@ -11,13 +11,13 @@ import sys
 import textwrap
 import time
 
-import pytest
+import nixl._api as api
+import vllm.distributed.device_communicators.shm_broadcast as shm
 
 from orchestrator.engines import vllm_plugin
 
 
 def test_nixl_agent_config_gets_the_minimum_progress_delay(monkeypatch):
-    api = pytest.importorskip("nixl._api")
     monkeypatch.setattr(api.nixlBind, "nixlAgentConfig", api.nixlBind.nixlAgentConfig)
     monkeypatch.setattr(vllm_plugin, "_installed", set())
     monkeypatch.setenv(vllm_plugin.NIXL_PROGRESS_DELAY_ENV, "1000")
@@ -31,9 +31,7 @@ def test_nixl_agent_config_gets_the_minimum_progress_delay(monkeypatch):
 
 
 def test_without_the_variables_the_plugin_changes_nothing(monkeypatch):
-    api = pytest.importorskip("nixl._api")
     original = api.nixlBind.nixlAgentConfig
-    shm = pytest.importorskip("vllm.distributed.device_communicators.shm_broadcast")
     spin_condition = shm.SpinCondition
     monkeypatch.setattr(vllm_plugin, "_installed", set())
     for name in (vllm_plugin.NIXL_PROGRESS_DELAY_ENV, vllm_plugin.EXIT_WITH_PARENT_ENV, vllm_plugin.SHM_POLL_ENV):
@@ -44,7 +42,6 @@ def test_without_the_variables_the_plugin_changes_nothing(monkeypatch):
 
 
 def test_shm_queue_readers_sleep_between_looks_then_wait_for_the_writer(monkeypatch):
-    shm = pytest.importorskip("vllm.distributed.device_communicators.shm_broadcast")
     import zmq
 
     monkeypatch.setattr(shm, "SpinCondition", shm.SpinCondition)
