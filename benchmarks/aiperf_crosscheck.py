@@ -77,10 +77,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import peers  # noqa: E402
-from harness.bench import hardware  # noqa: E402
-from harness.metrics import summarize  # noqa: E402
-from harness.runner import Target, run_concurrency  # noqa: E402
-from harness.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
+from tools.bench import hardware  # noqa: E402
+from tools.bench_stats import summarize  # noqa: E402
+from tools.runner import Target, run_concurrency  # noqa: E402
+from tools.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
 from orchestrator.prompts import load_tokenizer  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 

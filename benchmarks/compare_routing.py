@@ -39,10 +39,10 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.peers import MODEL_DIR, app_args, ray_serve_llm, sglang_router, vllm_servers  # noqa: E402
 from benchmarks import peers  # noqa: E402
-from harness.bench import hardware, run_trace, warm_up  # noqa: E402
-from harness.metrics import parse_slo  # noqa: E402
-from harness.runner import Target, poisson_offsets  # noqa: E402
-from harness.workloads import LengthDist, MooncakeTrace, SyntheticWorkload, TokenPool  # noqa: E402
+from tools.bench import hardware, run_trace, warm_up  # noqa: E402
+from tools.bench_stats import parse_slo  # noqa: E402
+from tools.runner import Target, poisson_offsets  # noqa: E402
+from tools.workloads import LengthDist, MooncakeTrace, SyntheticWorkload, TokenPool  # noqa: E402
 from orchestrator.prompts import load_tokenizer  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 

@@ -33,12 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import peers, process_cpu  # noqa: E402
-from harness.bench import BenchRun, SystemInfo, sweep, warm_up  # noqa: E402
-from harness.client import stream_completion  # noqa: E402
-from harness.metrics import parse_slo  # noqa: E402
-from harness.report import markdown_table, plot_sweep  # noqa: E402
-from harness.runner import Target  # noqa: E402
-from harness.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
+from tools.bench import BenchRun, SystemInfo, sweep, warm_up  # noqa: E402
+from tools.client import stream_completion  # noqa: E402
+from tools.bench_stats import parse_slo  # noqa: E402
+from tools.report import markdown_table, plot_sweep  # noqa: E402
+from tools.runner import Target  # noqa: E402
+from tools.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
 from orchestrator.prompts import load_tokenizer  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 

@@ -43,10 +43,10 @@ sys.path.insert(0, str(ROOT))
 import httpx  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
-from harness.bench import hardware, warm_up  # noqa: E402
-from harness.metrics import parse_slo, summarize  # noqa: E402
-from harness.runner import Target, poisson_offsets, run_schedule  # noqa: E402
-from harness.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
+from tools.bench import hardware, warm_up  # noqa: E402
+from tools.bench_stats import parse_slo, summarize  # noqa: E402
+from tools.runner import Target, poisson_offsets, run_schedule  # noqa: E402
+from tools.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
 from orchestrator.config import shipped_config  # noqa: E402
 from orchestrator.prompts import load_tokenizer  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402

@@ -27,9 +27,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import peers  # noqa: E402
 from benchmarks.sim_validation import CpuMeter, make_workload  # noqa: E402
-from harness.bench import hardware  # noqa: E402
-from harness.metrics import summarize  # noqa: E402
-from harness.runner import Target, run_concurrency  # noqa: E402
+from tools.bench import hardware  # noqa: E402
+from tools.bench_stats import summarize  # noqa: E402
+from tools.runner import Target, run_concurrency  # noqa: E402
 from orchestrator.prompts import load_tokenizer  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 

@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import peers  # noqa: E402
 from deployments.ingress import ingress_env, stop_orphaned_haproxy  # noqa: E402
-from harness.client import RequestRecord, pd_completion, stream_completion  # noqa: E402
+from tools.client import RequestRecord, pd_completion, stream_completion  # noqa: E402
 from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
 # What each of our systems must have done for every request: route kind counted.

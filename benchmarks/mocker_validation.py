@@ -49,14 +49,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import harness.runner as runner  # noqa: E402
+import tools.runner as runner  # noqa: E402
 from benchmarks import dynamo_peer, peers  # noqa: E402
 from benchmarks.sim_validation import (  # noqa: E402
     MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, RESULTS, compare, load_specs, make_workload, trace_requests)
-from harness.client import RequestRecord, _content, stream_events  # noqa: E402
-from harness.metrics import summarize  # noqa: E402
-from harness.runner import Target, poisson_offsets, run_concurrency, run_schedule  # noqa: E402
-from harness.workloads import TokenPool  # noqa: E402
+from tools.client import RequestRecord, _content, stream_events  # noqa: E402
+from tools.bench_stats import summarize  # noqa: E402
+from tools.runner import Target, poisson_offsets, run_concurrency, run_schedule  # noqa: E402
+from tools.workloads import TokenPool  # noqa: E402
 from orchestrator.prompts import load_tokenizer  # noqa: E402
 from orchestrator.sim.perf_model import ProfileModel  # noqa: E402
 
@@ -80,7 +80,7 @@ def write_mocker_npz(perf: ProfileModel, path: Path) -> dict:
 
 
 async def stream_tokens(client, url: str, body: dict) -> RequestRecord:
-    """harness.client.stream_completion for the mocker. Its tokens detokenize to empty text, and Dynamo's
+    """tools.client.stream_completion for the mocker. Its tokens detokenize to empty text, and Dynamo's
     frontend streams no event for an empty token: the stream is one final event. The frontend's own timing
     of the request (`nvext.timing`: TTFT and total time, measured in the frontend) gives the split; the
     client's clock gives the end: TTFT as the client sees it = client e2e - (frontend total - frontend TTFT).

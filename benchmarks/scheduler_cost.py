@@ -30,7 +30,7 @@ from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats  # noq
 from orchestrator.kv.hashing import block_hashes  # noqa: E402
 from orchestrator.kv.index import KVIndex  # noqa: E402
 from orchestrator.pools import ReplicaView  # noqa: E402
-from orchestrator.requests import EngineRequest, SamplingSpec  # noqa: E402
+from orchestrator.messages import EngineRequest, SamplingSpec  # noqa: E402
 from orchestrator.routing.kv_scheduler import KvAwareScheduler  # noqa: E402
 
 BLOCK = 32

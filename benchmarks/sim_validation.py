@@ -67,11 +67,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import peers  # noqa: E402
-from harness.bench import hardware  # noqa: E402
-from harness.metrics import find_knee, summarize  # noqa: E402
-from harness.runner import Target, poisson_offsets, run_concurrency, run_schedule  # noqa: E402
-from harness.simulate import as_records, summarize_outcomes  # noqa: E402
-from harness.workloads import LengthDist, MooncakeTrace, RequestSpec, SyntheticWorkload, TokenPool  # noqa: E402
+from tools.bench import hardware  # noqa: E402
+from tools.bench_stats import find_knee, summarize  # noqa: E402
+from tools.runner import Target, poisson_offsets, run_concurrency, run_schedule  # noqa: E402
+from tools.simulate import as_records, summarize_outcomes  # noqa: E402
+from tools.workloads import LengthDist, MooncakeTrace, RequestSpec, SyntheticWorkload, TokenPool  # noqa: E402
 from orchestrator.config import RoutingConfig  # noqa: E402
 from orchestrator.prompts import load_tokenizer  # noqa: E402
 from orchestrator.sim.cluster import ClusterSim, ClusterSpec  # noqa: E402

@@ -30,7 +30,7 @@ for shape in "3000 150 long" "200 150 short"; do
 done
 # Autoscaling: the Azure trace (8x its rate, 30 minutes) and sinusoidal phases (prefill- then decode-heavy);
 # every policy decides each 10 s (replica start-up 30 s); --jobs runs the policies in parallel processes.
-orchestrator experiment autoscale --workload azure --minutes 30 --rate-scale 8 --interval-s 10 --jobs 4 \
+python -m benchmarks.autoscale --workload azure --minutes 30 --rate-scale 8 --interval-s 10 --jobs 4 \
   --out $R/autoscale_azure.json
-orchestrator experiment autoscale --workload phases --minutes 30 --rate 20 --interval-s 10 --jobs 4 \
+python -m benchmarks.autoscale --workload phases --minutes 30 --rate 20 --interval-s 10 --jobs 4 \
   --out $R/autoscale_phases.json

@@ -7,7 +7,7 @@ with the YAML's `args`, validated as an `AppConfig` by Serve."""
 from ray.serve import Application
 from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouterConfig
 
-from deployments.engine_pool import DRAIN_TIMEOUT_S, EnginePool
+from deployments.engine_replica import DRAIN_TIMEOUT_S, EngineReplica
 from deployments.frontend import Frontend
 from orchestrator.config import AppConfig, PlannerMode, PoolConfig, ServingMode
 from orchestrator.engines import check_engine_config, engine_adapter, process_env
@@ -70,7 +70,7 @@ def _pool(name: str, pool: PoolConfig, config: AppConfig):
     placement = _placement(pool)
     placement["ray_actor_options"]["runtime_env"] = {
         "env_vars": {**REPLICA_ENV, **process_env(config, pool), **config.network.transport_env}}
-    return EnginePool.options(
+    return EngineReplica.options(
         name=name,
         **_replicas(name, pool, config),
         max_ongoing_requests=pool.max_ongoing_requests,
@@ -89,7 +89,7 @@ def _pool(name: str, pool: PoolConfig, config: AppConfig):
 def _group_pools(config: AppConfig) -> dict:
     """Each further pool group's deployments, bound: group name -> [decode, prefill or None].
     A group's replicas get the application's config with the group's pools as
-    the top-level ones (`AppConfig.for_group`), so EnginePool reads them as usual."""
+    the top-level ones (`AppConfig.for_group`), so EngineReplica reads them as usual."""
     groups = {}
     for group in config.pool_groups:
         args = config.for_group(group.name).model_dump(mode="json")

@@ -11,7 +11,7 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from deployments.kv_event_subscriber import KVEventSubscriber
+from orchestrator.kv.subscriber import KVEventSubscriber
 from deployments.pool_client import ServePoolClient
 from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.app import AppHooks, Health, build_openai_app

@@ -1,5 +1,5 @@
 """Run one application on a private, local Ray instance: for experiment
-drivers (harness/) that must stay free of Ray imports."""
+drivers (tools/) that must stay free of Ray imports."""
 
 from __future__ import annotations
 

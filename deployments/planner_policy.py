@@ -235,9 +235,9 @@ class SlaPlannerPolicy:
         self.pool = pool
 
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
-        from deployments import router_registry  # by reference: see router_registry
+        from deployments import registries  # by reference: see registries
 
-        coordinator = router_registry.coordinator_for(ctx.app_name or "", lambda: _Coordinator(self.app),
+        coordinator = registries.coordinator_for(ctx.app_name or "", lambda: _Coordinator(self.app),
                                                       current=lambda c: c.app == self.app)  # redeployed: new
         coordinator.update(self.pool, ctx)
         now = ctx.current_time if ctx.current_time is not None else time.time()

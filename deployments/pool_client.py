@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator
 
 from ray.serve.handle import DeploymentHandle
 
-from deployments.router_registry import router_for
+from deployments.registries import router_for
 from orchestrator.pools import ReplicaView
-from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
+from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
 from orchestrator.wire.client import ReplicaStreams
 
 

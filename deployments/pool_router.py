@@ -7,7 +7,7 @@ metadata and the periodic load report every replica publishes
 (`record_replica_metadata` / `record_routing_stats`).
 
 Serve builds routers inside the deployment handle; the frontend finds them
-in `deployments.router_registry`.
+in `deployments.registries`.
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ def _view(replica: RunningReplica) -> ReplicaView:
 
 class PinnedRequestRouter(FIFOMixin, RequestRouter):
     def initialize_state(self, **kwargs: Any) -> None:
-        from deployments import router_registry  # by reference: see router_registry
+        from deployments import registries  # by reference: see registries
 
-        router_registry.register(self._deployment_id.app_name, self._deployment_id.name, self)
+        registries.register(self._deployment_id.app_name, self._deployment_id.name, self)
 
     def replica_views(self) -> list[ReplicaView]:
         """Live replicas by id, rebuilt only when the replica set or a

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from orchestrator.engines.base import EngineInfo, EngineStats
-from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
+from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from orchestrator.engines.base import (
 )
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import PoolClient, ReplicaView
-from orchestrator.requests import EngineChunk, EngineRequest, KVTransfer, PrefillResult
+from orchestrator.messages import EngineChunk, EngineRequest, KVTransfer, PrefillResult
 from orchestrator.routing.base import RouteDecision, Scheduler
 
 log = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import ReplicaView
 from orchestrator.prompts import PromptRenderer
 from orchestrator.request_path import RequestPath
-from orchestrator.requests import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
+from orchestrator.messages import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
 from orchestrator.routing.round_robin import RoundRobinScheduler
 
 MODEL = "test-model"

@@ -7,7 +7,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.requests import CompletionTotals, FinishReason
+from orchestrator.messages import CompletionTotals, FinishReason
 
 
 class Endpoint(str, enum.Enum):

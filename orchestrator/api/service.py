@@ -39,7 +39,7 @@ from orchestrator.engines.base import EngineRequestRejected
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.prompts import PromptRenderer
 from orchestrator.request_path import RequestPath, RequestTrace
-from orchestrator.requests import CompletionTotals, EngineChunk, EngineRequest, SamplingSpec
+from orchestrator.messages import CompletionTotals, EngineChunk, EngineRequest, SamplingSpec
 from orchestrator.routing.shape import ShapeRouter
 
 

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
-from orchestrator.requests import EngineChunk, EngineRequest, KVTransfer, PrefillResult
+from orchestrator.messages import EngineChunk, EngineRequest, KVTransfer, PrefillResult
 
 
 class EngineRole(str, enum.Enum):

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 
 from orchestrator.engines.base import Engine, EngineInfo
 from orchestrator.pools import ReplicaView
-from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
+from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
 
 
 class LocalPool:

@@ -52,7 +52,7 @@ from orchestrator.engines.base import (
 from orchestrator.engines.ports import PortReservation, listen_port, reserve_listen_port
 from orchestrator.engines.sglang_kv_events import decode_batch, events_config
 from orchestrator.placement import one_bundle_placement
-from orchestrator.requests import EngineChunk, EngineRequest, FinishReason, PrefillResult, SamplingSpec
+from orchestrator.messages import EngineChunk, EngineRequest, FinishReason, PrefillResult, SamplingSpec
 
 ENGINE_KIND = "sglang"
 

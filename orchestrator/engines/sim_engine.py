@@ -31,7 +31,7 @@ from orchestrator.engines.adapter import EngineAdapter, EngineSpec, PlannerInput
 from orchestrator.engines.base import EngineError, EngineInfo, EngineRequestRejected, EngineStats
 from orchestrator.engines.vllm_kv_events import decode_batch
 from orchestrator.placement import per_rank_placement
-from orchestrator.requests import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
+from orchestrator.messages import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
 from orchestrator.sim.core import Emitted, SimCore, SimRequest
 from orchestrator.sim.link import LINKS
 from orchestrator.sim.perf_model import GPUS, MODELS, PerfModel, ProfileModel, roofline
@@ -107,7 +107,7 @@ class SimEngine:
                              vocab_size=self._tokenizer.get_vocab_size())
         events, replay = None, None
         if self._publish_kv_events:
-            from orchestrator.engines.kv_event_publisher import ZmqKVEventPublisher
+            from orchestrator.kv.publisher import ZmqKVEventPublisher
 
             self._publisher = ZmqKVEventPublisher(self._host, topic=f"kv@{self._engine_id}")
             self._publisher.start()

@@ -31,7 +31,7 @@ from orchestrator.engines.ports import listen_port
 from orchestrator.engines.vllm_kv_events import decode_batch, events_config
 from orchestrator.engines.vllm_plugin import EXIT_WITH_PARENT_ENV, NIXL_PROGRESS_DELAY_ENV, SHM_POLL_ENV
 from orchestrator.placement import per_rank_placement
-from orchestrator.requests import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
+from orchestrator.messages import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
 
 ENGINE_KIND = "vllm"
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from orchestrator.pools import ReplicaView
-from orchestrator.requests import EngineRequest
+from orchestrator.messages import EngineRequest
 
 
 class RouteKind(str, enum.Enum):

@@ -21,7 +21,7 @@ from orchestrator.config import RoutingConfig
 from orchestrator.kv.hashing import block_hashes
 from orchestrator.kv.index import KVIndex
 from orchestrator.pools import ReplicaView
-from orchestrator.requests import EngineRequest
+from orchestrator.messages import EngineRequest
 from orchestrator.routing.base import RouteDecision, RouteKind, RouteReason
 from orchestrator.routing.cost import pick, replica_cost
 from orchestrator.routing.load import InflightLoad

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.pools import ReplicaView
-from orchestrator.requests import EngineRequest
+from orchestrator.messages import EngineRequest
 from orchestrator.routing.base import RouteDecision, RouteKind, RouteReason
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from orchestrator.config import PRIMARY_GROUP, ShapePolicy, ShapeRoutingConfig
 from orchestrator.kv.hashing import block_hashes
 from orchestrator.kv.index import KVIndex
-from orchestrator.requests import EngineRequest
+from orchestrator.messages import EngineRequest
 from orchestrator.routing.load import InflightLoad
 
 

@@ -36,7 +36,7 @@ from orchestrator.kv.events import KVEventBatch
 from orchestrator.kv.index import KVIndex
 from orchestrator.kv.ingest import KVEventIngest
 from orchestrator.pools import ReplicaView
-from orchestrator.requests import EngineRequest, SamplingSpec
+from orchestrator.messages import EngineRequest, SamplingSpec
 from orchestrator.routing import make_scheduler
 from orchestrator.routing.base import RouteDecision
 from orchestrator.sim.core import Emitted, SimCore, SimRequest, StepResult
@@ -340,17 +340,18 @@ class ClusterSim:
                     self._at(landing, lambda: self._step(replica))
                 return
             if self._events and self._events[0][0] <= core.now:
-                self._at(core.now, lambda: self._step_end(replica, result))
+                self._at(core.now, lambda: self._resume_after(replica, result))
                 return
             self.now = core.now
-            if not self._end_step(replica, result):
+            if not self._deliver_step(replica, result):
                 return
 
-    def _step_end(self, replica: _Replica, result: StepResult) -> None:
-        if self._end_step(replica, result):
+    def _resume_after(self, replica: _Replica, result: StepResult) -> None:
+        """The queued end of a step: deliver its tokens, then step again if there is work."""
+        if self._deliver_step(replica, result):
             self._step(replica)
 
-    def _end_step(self, replica: _Replica, result: StepResult) -> bool:
+    def _deliver_step(self, replica: _Replica, result: StepResult) -> bool:
         """The step's tokens reach their requests; True if the replica steps on."""
         for emitted in result.emitted:
             self._token(replica, emitted)

@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from orchestrator.engines.base import EngineError, EngineRequestRejected
-from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
+from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
 from orchestrator.wire.frames import ErrorKind, FrameReader, Op, ProtocolError, encode
 
 _END = object()

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
+from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
 
 HEADER = struct.Struct(">I")
 # A frame larger than this is a protocol violation: the connection is dropped.

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from orchestrator.engines.base import EngineRequestRejected
-from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
+from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
 from orchestrator.wire.frames import ErrorKind, FrameReader, Op, ProtocolError, encode
 
 log = logging.getLogger(__name__)

@@ -8,8 +8,8 @@ import json
 import jsonschema
 import pytest
 
-from harness.bench import RESULT_SCHEMA
-from orchestrator.cli import main
+from tools.bench import RESULT_SCHEMA
+from tools.cli import main
 
 pytestmark = pytest.mark.integration
 

@@ -1,5 +1,5 @@
 """A real multi-host run on one machine: a Ray head node and a worker node in
-separate network namespaces with their own addresses (harness/netns_cluster.py).
+separate network namespaces with their own addresses (benchmarks/netns_cluster.py).
 The prefill pool is pinned to the worker host and the decode pool to the head
 host by Ray custom resources; replicas advertise their node's address, so the
 KV events and the NIXL side channel are reached across hosts, and UCX is
@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness import netns_cluster
-from harness.netns_cluster import HostSpec, NetnsCluster
+from benchmarks import netns_cluster
+from benchmarks.netns_cluster import HostSpec, NetnsCluster
 from orchestrator.config import load_serve_config
 
 from .conftest import ROOT, ServeApps, app_config

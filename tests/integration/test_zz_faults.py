@@ -19,7 +19,7 @@ import ray
 from ray import serve
 
 from orchestrator.api import sse
-from orchestrator.requests import EngineRequest, SamplingSpec
+from orchestrator.messages import EngineRequest, SamplingSpec
 from tests.integration.test_disaggregated_serving import MODEL, completion_text, text_prompt, token_prompt
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.api import sse
 from orchestrator.api.responses import Endpoint
-from orchestrator.requests import FinishReason
+from orchestrator.messages import FinishReason
 from tests.factories import MODEL, OUT, FakePool, make_frontend, run, token_text
 
 

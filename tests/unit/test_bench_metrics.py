@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from harness.client import RequestRecord
-from harness.metrics import find_knee, meets_slo, parse_slo, past_the_knee, percentiles, summarize, tpot_s
+from tools.client import RequestRecord
+from tools.bench_stats import find_knee, meets_slo, parse_slo, past_the_knee, percentiles, summarize, tpot_s
 
 
 def rec(ttft, itl, e2e, out_tokens, prompt_tokens=10, ok=True, error=None, cached=None):

@@ -12,7 +12,7 @@ from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats
 from orchestrator.kv.events import BlockStored
 from orchestrator.kv.hashing import block_hashes
 from orchestrator.pools import ReplicaView
-from orchestrator.requests import EngineRequest, SamplingSpec
+from orchestrator.messages import EngineRequest, SamplingSpec
 from orchestrator.routing.base import RouteKind, RouteReason
 from orchestrator.routing.cost import pick, replica_cost
 from orchestrator.routing.kv_scheduler import KvAwareScheduler

@@ -13,7 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 FORBIDDEN_IN_CORE = {"ray", "vllm", "sglang", "httpx", "aiohttp", "requests", "zmq", "socket_server"}
 # Our packages, each scanned for engine imports and engine-kind dispatch.
-PACKAGES = ("orchestrator", "deployments", "harness", "benchmarks")
+PACKAGES = ("orchestrator", "deployments", "tools", "benchmarks")
 # Engine library -> the only files that may import it.
 ENGINE_LIB_USERS = {
     # vllm_plugin.py is the vLLM adapter's half that vLLM loads into its own engine processes;
@@ -138,6 +138,6 @@ def test_the_dispatch_scan_finds_comparisons_and_match_cases():
 
 
 def test_ray_is_imported_only_by_deployments():
-    for package in ("orchestrator", "harness"):
+    for package in ("orchestrator", "tools"):
         users = [str(p.relative_to(ROOT)) for p in (ROOT / package).rglob("*.py") if "ray" in _all_imports(p)]
         assert users == [], f"{package} imports ray: {users}"

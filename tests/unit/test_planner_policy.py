@@ -70,7 +70,7 @@ def bucket_report(bucket_now: float, counts: list[float]) -> dict[str, float]:
 
 
 def test_queued_prompt_tokens_and_the_pool_peak_come_from_the_latest_reports():
-    from deployments.router_registry import coordinator
+    from deployments.registries import coordinator
 
     # Prefill: two replicas, queued prompt tokens 9000 / 6000 a second ago, 3000 / 1500 now.
     prefill_raw = {"queued_prompt_tokens": {"p1": series((99.0, 9000), (100.0, 3000)),
@@ -94,7 +94,7 @@ def test_queued_prompt_tokens_and_the_pool_peak_come_from_the_latest_reports():
 
 
 def test_without_raw_time_series_the_aggregated_values_stand_in():
-    from deployments.router_registry import coordinator
+    from deployments.registries import coordinator
 
     args = app_args("act", "aggregated-app")
     prefill = SlaPlannerPolicy(app=args, pool="prefill_pool")

@@ -1,4 +1,4 @@
-"""The profiler's estimators (decode step, a prompt's TTFT while a batch decodes) and the served source's parsing (harness/profile.py), with a fake engine on
+"""The profiler's estimators (decode step, a prompt's TTFT while a batch decodes) and the served source's parsing (tools/profile.py), with a fake engine on
 the other side of the Engine boundary."""
 
 import asyncio
@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from harness.profile import _cache_config, _Prompts, measure_decode, measure_mixed
+from tools.profile import _cache_config, _Prompts, measure_decode, measure_mixed
 
 
 @dataclass
@@ -88,7 +88,7 @@ def test_cache_config_labels_come_from_vllms_info_gauge():
 
 
 def test_points_are_measured_in_rounds_so_a_drift_reaches_every_point_alike():
-    from harness.profile import in_rounds
+    from tools.profile import in_rounds
 
     calls = []
     speed = iter([1.0, 1.0, 2.0, 2.0, 3.0, 3.0])  # the machine slows down round by round
@@ -103,7 +103,7 @@ def test_points_are_measured_in_rounds_so_a_drift_reaches_every_point_alike():
 
 
 def test_server_cost_is_the_served_ttft_beyond_the_same_engine_in_process_idle_and_busy():
-    from harness.profile import measure_server_cost
+    from tools.profile import measure_server_cost
 
     order = []
 

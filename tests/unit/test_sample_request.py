@@ -1,7 +1,7 @@
 """The main job's sample request tells a newcomer which way the request took,
 from the app's counters and replica reports around it."""
 
-from harness.sample_request import describe_route
+from tools.sample_request import describe_route
 
 ROUTES = "orchestrator_route_decisions_total"
 BLOCKS = "orchestrator_kv_handoff_blocks_total"

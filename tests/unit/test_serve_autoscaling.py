@@ -50,7 +50,7 @@ def test_serve_autoscaling_needs_the_serve_data_plane():
 def test_the_real_time_experiment_builds_each_policy_s_application():
     import argparse
 
-    from harness.autoscale_serve import add_arguments, app_config
+    from benchmarks.autoscale_serve import add_arguments, app_config
 
     p = argparse.ArgumentParser()
     add_arguments(p)

@@ -5,7 +5,7 @@ send."""
 import pytest
 
 from benchmarks.sim_validation import ServedSim
-from harness.workloads import RequestSpec
+from tools.workloads import RequestSpec
 from orchestrator.config import RoutingConfig
 from orchestrator.sim.cluster import ClusterSpec
 from orchestrator.sim.link import LINKS
@@ -55,7 +55,7 @@ def test_a_request_sent_while_another_is_in_flight_pays_the_busy_cost():
 
 
 def test_a_rounds_copy_keeps_lengths_shared_prefixes_and_arrivals_with_other_tokens():
-    from harness.workloads import TokenPool
+    from tools.workloads import TokenPool
 
     from benchmarks.sim_validation import relabeled
 
@@ -71,7 +71,7 @@ def test_a_rounds_copy_keeps_lengths_shared_prefixes_and_arrivals_with_other_tok
 
 
 def test_rounds_are_pooled_and_their_spread_is_how_far_their_own_p50s_are_apart():
-    from harness.client import RequestRecord
+    from tools.client import RequestRecord
 
     from benchmarks.sim_validation import combine_rounds
 

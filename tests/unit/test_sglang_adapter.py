@@ -65,7 +65,7 @@ from orchestrator.kv.ingest import Action, KVEventIngest, ResyncReason
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import ReplicaView
 from orchestrator.request_path import RequestPath, RequestTrace
-from orchestrator.requests import (
+from orchestrator.messages import (
     EngineChunk,
     EngineRequest,
     FinishReason,

@@ -20,7 +20,7 @@ from orchestrator.engines.vllm_kv_events import decode_batch
 from orchestrator.kv.hashing import block_hashes
 from orchestrator.kv.index import KVIndex
 from orchestrator.kv.ingest import KVEventIngest
-from orchestrator.requests import EngineRequest, FinishReason, SamplingSpec
+from orchestrator.messages import EngineRequest, FinishReason, SamplingSpec
 from orchestrator.sim.core import greedy_output
 
 BLOCK = 16

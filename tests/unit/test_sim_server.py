@@ -8,7 +8,7 @@ import asyncio
 
 import httpx
 
-from harness.sim_server import add_arguments, build
+from tools.sim_server import add_arguments, build
 
 
 def word_tokenizer_dir(directory):

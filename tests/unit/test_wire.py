@@ -11,7 +11,7 @@ import socket
 import pytest
 
 from orchestrator.engines.base import EngineError, EngineRequestRejected
-from orchestrator.requests import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult, SamplingSpec
+from orchestrator.messages import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult, SamplingSpec
 from orchestrator.wire.client import ReplicaDraining, ReplicaStreams, merge_chunks
 from orchestrator.wire.frames import HEADER, ErrorKind, FrameReader, Op, ProtocolError, encode
 from orchestrator.wire.server import StreamServer

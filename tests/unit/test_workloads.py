@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.workloads import AzureTrace, LengthDist, MooncakeTrace, SyntheticWorkload, TokenPool, replay_offsets
+from tools.workloads import AzureTrace, LengthDist, MooncakeTrace, SyntheticWorkload, TokenPool, replay_offsets
 
 POOL = TokenPool.vocabulary(600)
 

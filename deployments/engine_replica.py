@@ -16,7 +16,7 @@ from orchestrator.engines import create_engine
 from orchestrator.engines.base import EngineRole
 from orchestrator.engines.ports import listen_port
 from orchestrator.planner.observer import ReplicaLoadWindow
-from orchestrator.requests import EngineChunk, EngineRequest, PrefillResult
+from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
 from orchestrator.wire.server import StreamServer
 
 log = logging.getLogger("ray.serve")
@@ -27,7 +27,7 @@ DRAIN_TIMEOUT_S = 300.0
 
 
 @serve.deployment
-class EnginePool:
+class EngineReplica:
     """Serves `generate`/`prefill` both as Serve handle methods and, with
     `frontend.data_plane: direct`, over its own data-plane port (published in
     its EngineInfo as `stream_port`), through the same methods."""

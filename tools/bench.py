@@ -25,9 +25,9 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from harness.metrics import RunResult, SloTerm, find_knee, past_the_knee, summarize
-from harness.runner import Target, poisson_offsets, run_concurrency, run_schedule
-from harness.workloads import RequestSpec, replay_offsets
+from tools.bench_stats import RunResult, SloTerm, find_knee, past_the_knee, summarize
+from tools.runner import Target, poisson_offsets, run_concurrency, run_schedule
+from tools.workloads import RequestSpec, replay_offsets
 
 SCHEMA = "orchestrator-bench/1"
 DEFAULT_CONCURRENCY = (1, 4, 8, 16, 32, 48, 64)
@@ -185,7 +185,7 @@ async def warm_up(target: Target, specs: Sequence[RequestSpec]) -> None:
 
 def write_outputs(run: BenchRun, out: str | Path) -> dict[str, Path]:
     """The JSON, a markdown table next to it, and a PNG plot for sweeps."""
-    from harness.report import markdown_table, plot_sweep
+    from tools.report import markdown_table, plot_sweep
 
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

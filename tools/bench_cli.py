@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from harness.bench import (
+from tools.bench import (
     DEFAULT_CONCURRENCY,
     BenchRun,
     SweepPoint,
@@ -20,9 +20,9 @@ from harness.bench import (
     warm_up,
     write_outputs,
 )
-from harness.metrics import parse_slo
-from harness.runner import Target
-from harness.workloads import AzureTrace, LengthDist, MooncakeTrace, SyntheticWorkload, TokenPool
+from tools.bench_stats import parse_slo
+from tools.runner import Target
+from tools.workloads import AzureTrace, LengthDist, MooncakeTrace, SyntheticWorkload, TokenPool
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

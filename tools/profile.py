@@ -49,11 +49,11 @@ from pathlib import Path
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from harness.bench import hardware
+from tools.bench import hardware
 from orchestrator.config import AppConfig, load_app_config
 from orchestrator.engines import create_engine, engine_adapter, process_env
 from orchestrator.engines.base import Engine, EngineInfo, EngineRole
-from orchestrator.requests import EngineRequest, SamplingSpec
+from orchestrator.messages import EngineRequest, SamplingSpec
 
 SCHEMA = "orchestrator-profile/1"
 P = TypeVar("P")
@@ -237,7 +237,7 @@ class ServedEngine:
                           kv_capacity_blocks=int(cache["num_gpu_blocks"]) if "num_gpu_blocks" in cache else None)
 
     async def generate(self, request: EngineRequest):
-        from harness.client import RequestRecord, stream_events
+        from tools.client import RequestRecord, stream_events
 
         body = {"model": self.model, "prompt": list(request.prompt_token_ids), "stream": True,
                 "max_tokens": request.sampling.max_tokens, "temperature": 0.0, "ignore_eos": True,

@@ -1,4 +1,4 @@
-"""`orchestrator experiment autoscale-serve`: time-varying load against the
+"""`python -m benchmarks.autoscale_serve`: time-varying load against the
 real Ray Serve application (configs/disagg-sim.yaml: simulated H100 engines in
 real time, the real frontend, scheduler, KV index and autoscaling), one run
 per policy, the same requests each time:
@@ -10,7 +10,7 @@ per policy, the same requests each time:
                virtual-time experiment found for the same workload)
 
 The workload is a prefill-heavy phase then a decode-heavy one, each a
-sinusoidal Poisson rate (harness.workloads.phase_requests). Per request, SLO met = TTFT within
+sinusoidal Poisson rate (tools.workloads.phase_requests). Per request, SLO met = TTFT within
 `ttft_p99_ms` and its median ITL within `itl_p50_ms`, measured by the client.
 Replicas are read from Serve's own status every `--poll-s` (starting and
 running ones cost; GPU-hours = integral of replicas x GPUs per replica).
@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness.client import RequestRecord
-from harness.metrics import SloTerm, meets_slo, parse_slo, percentiles
-from harness.runner import Target, run_schedule
-from harness.workloads import RequestSpec, phase_requests
+from tools.client import RequestRecord
+from tools.bench_stats import SloTerm, meets_slo, parse_slo, percentiles
+from tools.runner import Target, run_schedule
+from tools.workloads import RequestSpec, phase_requests
 from orchestrator.config import AppConfig, shipped_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -229,3 +229,13 @@ def run_experiment(args: argparse.Namespace) -> int:
     out.write_text(json.dumps(doc, indent=1))
     plot(doc, out.with_suffix(".png"))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run_experiment(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

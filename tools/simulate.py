@@ -15,12 +15,12 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from harness.bench import BenchRun, SweepPoint, SystemInfo, run_async, sweep_with, write_outputs
-from harness.cli import add_workload_arguments, make_workload, take_requests, token_pool
-from harness.client import RequestRecord
-from harness.metrics import RunResult, parse_slo, summarize
-from harness.runner import poisson_offsets
-from harness.workloads import RequestSpec, replay_offsets
+from tools.bench import BenchRun, SweepPoint, SystemInfo, run_async, sweep_with, write_outputs
+from tools.bench_cli import add_workload_arguments, make_workload, take_requests, token_pool
+from tools.client import RequestRecord
+from tools.bench_stats import RunResult, parse_slo, summarize
+from tools.runner import poisson_offsets
+from tools.workloads import RequestSpec, replay_offsets
 from orchestrator.config import RoutingConfig, SimEngineConfig
 from orchestrator.engines.sim_engine import kv_capacity_blocks, perf_model
 from orchestrator.sim.cluster import ClusterSim, ClusterSpec, RequestOutcome

@@ -1,4 +1,5 @@
-"""`orchestrator` command line."""
+"""The `orchestrator` command: the user-facing tools. Experiments (benchmarks/)
+are scripts of their own, run as `python -m benchmarks.<name>`."""
 
 from __future__ import annotations
 
@@ -26,24 +27,19 @@ def _check_config(args: argparse.Namespace) -> int:
 
 
 def _sample_request(args: argparse.Namespace) -> int:
-    from harness.sample_request import SAMPLE_PROMPT, run_sample_request
+    from tools.sample_request import SAMPLE_PROMPT, run_sample_request
 
     return run_sample_request(args.url, args.wait_s, args.prompt or SAMPLE_PROMPT, args.max_tokens)
 
 
 # Tools with their own module: (command, help, module with add_arguments(parser), its entry function).
 TOOLS = [
-    ("bench", "benchmark an OpenAI-compatible server (sweep, rate, trace replay)", "harness.cli", "run_bench"),
-    ("simulate", "the cluster simulator: real scheduler, simulated replicas, virtual time", "harness.simulate",
+    ("bench", "benchmark an OpenAI-compatible server (sweep, rate, trace replay)", "tools.bench_cli", "run_bench"),
+    ("simulate", "the cluster simulator: real scheduler, simulated replicas, virtual time", "tools.simulate",
      "run_simulation"),
-    ("sim-server", "one simulated engine behind the OpenAI API, without Ray", "harness.sim_server", "run_sim_server"),
-    ("profile", "measure one engine configuration: prefill TTFT by ISL, decode ITL by batch", "harness.profile",
+    ("sim-server", "one simulated engine behind the OpenAI API, without Ray", "tools.sim_server", "run_sim_server"),
+    ("profile", "measure one engine configuration: prefill TTFT by ISL, decode ITL by batch", "tools.profile",
      "run_profile"),
-]
-EXPERIMENTS = [
-    ("autoscale", "autoscaling policies on time-varying load (virtual time)", "harness.autoscale", "run_experiment"),
-    ("autoscale-serve", "autoscaling policies on the Ray Serve app with simulated engines (real time)",
-     "harness.autoscale_serve", "run_experiment"),
 ]
 
 
@@ -68,8 +64,6 @@ def main(argv: list[str] | None = None) -> int:
     p.set_defaults(func=_check_config)
 
     _add_tools(sub, TOOLS)
-    p = sub.add_parser("experiment", help="experiments on the cluster simulator")
-    _add_tools(p.add_subparsers(dest="experiment", required=True), EXPERIMENTS)
 
     p = sub.add_parser("sample-request", help="wait for a server to be ready, send one chat request, print it")
     p.add_argument("--url", default="http://127.0.0.1:8000")

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from harness.client import RequestRecord, stream_completion
-from harness.workloads import RequestSpec
+from tools.client import RequestRecord, stream_completion
+from tools.workloads import RequestSpec
 
 
 @dataclass(frozen=True)

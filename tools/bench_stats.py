@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from harness.client import RequestRecord
+from tools.client import RequestRecord
 
 PERCENTILES = (50, 90, 99)
 _SLO_KEY = re.compile(r"^(ttft|itl|tpot|e2e)(?:_p(\d+))?_ms$")

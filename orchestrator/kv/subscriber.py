@@ -5,7 +5,8 @@ a new replica gets a subscriber task, a departed one is forgotten with its
 blocks. A stream that cannot be decoded, or a publisher that cannot be
 reached, leaves that replica routed on load alone (its index entry stays
 empty); both are counted in metrics and logged, and nothing here can crash
-the frontend.
+the frontend. The publisher's twin (orchestrator/kv/publisher.py); zmq is
+imported when a subscriber is made, so the core loads no network library.
 """
 
 from __future__ import annotations
@@ -15,9 +16,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
-
-import zmq
-import zmq.asyncio
 
 from orchestrator.engines import kv_event_decoder
 from orchestrator.kv.events import KVEventBatch
@@ -48,6 +46,10 @@ class KVEventSubscriber:
         self._poll_s = poll_s
         self._clock = clock
         self._tasks: dict[str, asyncio.Task] = {}
+        import zmq
+        import zmq.asyncio
+
+        self._zmq = zmq
         self._context = zmq.asyncio.Context()
 
     async def run(self) -> None:
@@ -78,6 +80,7 @@ class KVEventSubscriber:
         assert view.info is not None and view.info.kv_events_endpoint
         replica_id = view.replica_id
         decode = kv_event_decoder(view.info.engine_kind)
+        zmq = self._zmq
         sub = self._context.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, b"")
         sub.setsockopt(zmq.RCVHWM, 0)
@@ -129,7 +132,7 @@ class KVEventSubscriber:
         endpoint = view.info.kv_events_replay_endpoint if view.info else None
         if not endpoint:
             return []
-        sock = self._context.socket(zmq.DEALER)
+        sock = self._context.socket(self._zmq.DEALER)
         sock.connect(endpoint)
         batches = []
         try:

@@ -1,4 +1,4 @@
-"""`orchestrator experiment autoscale`: time-varying load against the cluster
+"""`python -m benchmarks.autoscale`: time-varying load against the cluster
 simulator (virtual time), one run per autoscaling policy, same requests:
 
   planner       our SLA planner (orchestrator/planner) with its predictor,
@@ -34,8 +34,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from harness import workloads
-from harness.workloads import AzureTrace, RequestSpec, TokenPool, replay_offsets
+from tools import workloads
+from tools.workloads import AzureTrace, RequestSpec, TokenPool, replay_offsets
 from orchestrator.config import PlannerConfig, PoolBounds, RoutingConfig, SimEngineConfig, SlaConfig
 from orchestrator.engines.sim_engine import kv_capacity_blocks, perf_model
 from orchestrator.planner.capacity import decode_batch_limit
@@ -458,3 +458,13 @@ def plot_experiment(doc: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run_experiment(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
