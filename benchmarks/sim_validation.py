@@ -102,60 +102,12 @@ def profile(path: Path, url: str | None = None, server_url: str | None = None) -
                     *source, "--repeats", "5", "--out", str(path)], check=True)
 
 
-class ServedSim(ClusterSim):
-    """The cluster simulator with a server in front of its engine: a request reaches the engine the server's
-    cost after the client sends it (`ProfileModel.request_overhead`: its HTTP, parsing, scheduling and
-    streaming; more when the server is already serving other requests); the client's clock starts at the
-    send."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.in_server = 0  # sent and not finished
-        self.sent_at: dict[str, float] = {}
-
-    def run(self, arrivals, until_s=None):
-        for i, a in enumerate(arrivals):
-            self._at(a.arrival_s or 0.0, lambda i=i, a=a: self._send(f"r{i}", a))
-        self._on_finished = self._left
-        return self._client_clock(self._loop(until_s))
-
-    def run_closed(self, requests, concurrency):
-        pending = iter(enumerate(requests))
-
-        def send_next() -> None:
-            item = next(pending, None)
-            if item is not None:
-                self._send(f"r{item[0]}", item[1])
-
-        def finished() -> None:
-            self._left()
-            send_next()
-
-        self._on_finished = finished
-        for _ in range(concurrency):
-            self._at(0.0, send_next)
-        return self._client_clock(self._loop(None))
-
-    def _send(self, request_id: str, arrival) -> None:
-        delay = self.perf.request_overhead(server_busy=self.in_server > 0)
-        self.in_server += 1
-        self.sent_at[request_id] = self.now
-        self._at(self.now + delay, lambda: self._arrive(request_id, arrival))
-
-    def _left(self) -> None:
-        self.in_server -= 1
-
-    def _client_clock(self, outcomes):
-        for o in outcomes:
-            o.arrival_s = self.sent_at[o.request_id]
-        return outcomes
-
-
 def simulate(perf: ProfileModel, block_size: int, specs, concurrency: int | None):
     capacity = perf.meta["kv_capacity_tokens"] // block_size
     spec = ClusterSpec(0, 1, capacity, block_size, max_num_seqs=MAX_NUM_SEQS,
-                       max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, routing=RoutingConfig(policy="round_robin"))
-    sim = ServedSim(spec, perf, LINKS["pcie"])
+                       max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, routing=RoutingConfig(policy="round_robin"),
+                       server_overhead=True)
+    sim = ClusterSim(spec, perf, LINKS["pcie"])
     return sim.run_closed(specs, concurrency) if concurrency else sim.run(specs)
 
 

@@ -14,7 +14,9 @@ replica serves only after `startup_s` (model load), a removed one stops
 getting requests and leaves once its requests are done (drain: no request
 is aborted), and its blocks leave the index. GPU time counts every replica
 from the moment it is asked for until it is gone. `every(interval_s, fn)`
-calls a controller at the end of each interval.
+calls a controller at the end of each interval. With `server_overhead`, a
+request pays the server's cost (its HTTP, parsing, streaming) between the
+client's send and the scheduler.
 
 Nothing here sleeps or does I/O: an hour of trace runs in seconds of CPU.
 Deterministic for a given seed (the scheduler's sampling draws from it).
@@ -60,6 +62,9 @@ class ClusterSpec:
     max_num_batched_tokens: int = 8192
     routing: RoutingConfig = RoutingConfig()
     kv_event_delay_s: float = 0.002  # engine -> ZMQ -> frontend index
+    # A server in front: a request reaches the scheduler `perf.request_overhead(busy)` after the
+    # client sends it (busy: another request is in flight), and its client clock starts at the send.
+    server_overhead: bool = False
 
 
 @dataclass
@@ -148,13 +153,14 @@ class ClusterSim:
         self.outcomes: dict[str, RequestOutcome] = {}
         self._prefill_of: dict[str, tuple[str, EngineRequest, RouteDecision]] = {}  # prefill id -> original
         self._on_finished: Callable[[], None] = lambda: None
+        self._in_server = 0  # sent and not finished
 
     # -- the loop ------------------------------------------------------------------
 
     def run(self, arrivals: Sequence[Arrival], until_s: float | None = None) -> list[RequestOutcome]:
         """Open loop: each request arrives at its `arrival_s`."""
         for i, a in enumerate(arrivals):
-            self._at(a.arrival_s or 0.0, lambda i=i, a=a: self._arrive(f"r{i}", a))
+            self._at(a.arrival_s or 0.0, lambda i=i, a=a: self._send(f"r{i}", a))
         return self._loop(until_s)
 
     def run_closed(self, requests: Sequence[Arrival], concurrency: int) -> list[RequestOutcome]:
@@ -165,7 +171,7 @@ class ClusterSim:
         def send_next() -> None:
             item = next(pending, None)
             if item is not None:
-                self._arrive(f"r{item[0]}", item[1])
+                self._send(f"r{item[0]}", item[1])
 
         self._on_finished = send_next
         for _ in range(concurrency):
@@ -187,12 +193,22 @@ class ClusterSim:
 
     # -- requests ------------------------------------------------------------------
 
-    def _arrive(self, request_id: str, a: Arrival) -> None:
+    def _send(self, request_id: str, a: Arrival) -> None:
+        busy = self._in_server > 0
+        self._in_server += 1
+        if not self.spec.server_overhead:
+            self._arrive(request_id, a, self.now)
+            return
+        sent_at = self.now
+        self._at(self.now + self.perf.request_overhead(server_busy=busy),
+                 lambda: self._arrive(request_id, a, sent_at))
+
+    def _arrive(self, request_id: str, a: Arrival, sent_at: float) -> None:
         request = EngineRequest(request_id, tuple(a.prompt_token_ids), SamplingSpec(max_tokens=a.max_tokens))
         ready = ReplicaState.READY
         prefill_views = [r.view() for r in self.prefill if r.state is ready] if self.disaggregated else None
         route = self.scheduler.route_request(request, prefill_views, [r.view() for r in self.decode if r.state is ready])
-        self.outcomes[request_id] = RequestOutcome(request_id, self.now, len(request.prompt_token_ids), a.max_tokens,
+        self.outcomes[request_id] = RequestOutcome(request_id, sent_at, len(request.prompt_token_ids), a.max_tokens,
                                                    route=route)
         self.replicas[route.decode_replica].inflight += 1
         if route.remote_prefill:
@@ -241,6 +257,7 @@ class ClusterSim:
         if outcome.finished:
             self.scheduler.on_request_finished(request_id)
             replica.inflight -= 1
+            self._in_server -= 1
             self._on_finished()
 
     # -- replicas ------------------------------------------------------------------

@@ -89,6 +89,10 @@ class PerfModel(Protocol):
     @property
     def kv_bytes_per_token(self) -> int: ...
 
+    def request_overhead(self, server_busy: bool) -> float:
+        """What a request costs in the server in front of the engine before the engine sees it."""
+        ...
+
 
 @dataclass(frozen=True)
 class RooflineModel:
@@ -103,6 +107,9 @@ class RooflineModel:
     @property
     def kv_bytes_per_token(self) -> int:
         return self.model.kv_bytes_per_token
+
+    def request_overhead(self, server_busy: bool) -> float:
+        return 0.0  # the roofline models the engine alone
 
     def step_time(self, batch: Batch) -> float:
         m = self.model
