@@ -1,5 +1,5 @@
-"""Run one application on a private, local Ray instance: for experiment
-drivers (tools/) that must stay free of Ray imports."""
+"""Run one application on a private, local Ray instance, for experiments
+(benchmarks/) that drive our app in process."""
 
 from __future__ import annotations
 

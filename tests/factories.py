@@ -14,16 +14,13 @@ from typing import Any
 
 import httpx
 
-from orchestrator.api.admission import AdmissionGate
-from orchestrator.api.app import AppHooks, Health, build_openai_app
-from orchestrator.api.service import CompletionService, ModelCard
-from orchestrator.config import LimitsConfig
+from orchestrator.api.app import AppHooks, build_openai_app
+from orchestrator.api.service import CompletionService
+from orchestrator.config import PRIMARY_GROUP, AppConfig, LimitsConfig
+from orchestrator.frontend import FrontendParts, PoolGroup, build_frontend
+from orchestrator.messages import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import ReplicaView
-from orchestrator.prompts import PromptRenderer
-from orchestrator.request_path import RequestPath
-from orchestrator.messages import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
-from orchestrator.routing.round_robin import RoundRobinScheduler
 
 MODEL = "test-model"
 
@@ -40,6 +37,9 @@ class WordTokenizer:
     def apply_chat_template(self, conversation: list[dict[str, Any]], **kwargs: Any) -> str:
         turns = " ".join(f"<{m['role']}> {m['content']}" for m in conversation)
         return turns + (" <assistant>" if kwargs.get("add_generation_prompt") else "")
+
+    def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
+        return "".join(map(token_text, token_ids))
 
 
 # Generated token k of a request is OUT + k: outside the tokenizer's ids, so a
@@ -117,6 +117,7 @@ class Frontend:
     decode: FakePool
     prefill: FakePool | None
     app: Any
+    parts: FrontendParts
 
     def client(self) -> httpx.AsyncClient:
         return httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://frontend")
@@ -139,23 +140,25 @@ def make_frontend(
 ) -> Frontend:
     decode = decode or FakePool("decode_pool")
     prefill = (prefill or FakePool("prefill_pool")) if disaggregated else None
-    pools = {"decode_pool": decode, **({"prefill_pool": prefill} if prefill else {})}
-    metrics = FrontendMetrics(pools=lambda: {name: p.replicas() for name, p in pools.items()})
-    path = RequestPath(decode, prefill, RoundRobinScheduler(), metrics, prefill_timeout_s=prefill_timeout_s,
-                       detokenize=lambda ids: "".join(map(token_text, ids)))
+    engine = {"engine": {"kind": "sim"}}
+    config = AppConfig.model_validate({
+        "model": {"name": MODEL, "source": "org/test-model", "max_model_len": max_model_len},
+        "decode_pool": engine, **({"prefill_pool": engine} if prefill else {}),
+        "routing": {"policy": "round_robin"},
+        "frontend": {"prefill_timeout_s": prefill_timeout_s, "limits": limits.model_dump(),
+                     "max_in_flight": max_in_flight, "retry_after_s": 2},
+    })
     ids = iter(range(1_000_000))
-    service = CompletionService(
-        ModelCard(MODEL, max_model_len, created=0), PromptRenderer(WordTokenizer()), path, metrics,
-        limits=limits, gate=AdmissionGate(max_in_flight), retry_after_s=2,
-        wall_clock=lambda: 1_700_000_000.0, new_id=lambda: f"req{next(ids)}",
-    )
+    parts = build_frontend(config, {PRIMARY_GROUP: PoolGroup(decode, prefill)}, WordTokenizer(), created=0,
+                           wall_clock=lambda: 1_700_000_000.0, new_id=lambda: f"req{next(ids)}")
 
-    async def health() -> Health:
-        return Health(ready=True, detail={})
+    async def health():
+        return parts.health()
 
-    hooks = AppHooks(health=health, pools=lambda: {}, max_request_bytes=limits.max_request_bytes, api_key=api_key)
-    app = build_openai_app(service, hooks)
-    return Frontend(service, metrics, decode, prefill, app)
+    hooks = AppHooks(health=health, pools=parts.pools_report, max_request_bytes=limits.max_request_bytes,
+                     api_key=api_key)
+    app = build_openai_app(parts.service, hooks)
+    return Frontend(parts.service, parts.metrics, decode, prefill, app, parts)
 
 
 def run(coro):

@@ -10,22 +10,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import time
 from pathlib import Path
 
-from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.app import AppHooks, Health, build_openai_app
-from orchestrator.api.service import CompletionService, ModelCard
-from orchestrator.config import KVCacheConfig, LimitsConfig, ModelConfig, RoutingConfig, SimEngineConfig
+from orchestrator.config import (
+    PRIMARY_GROUP,
+    AppConfig,
+    FrontendConfig,
+    KVCacheConfig,
+    ModelConfig,
+    PoolConfig,
+    RoutingConfig,
+    SimEngineConfig,
+)
 from orchestrator.engines.adapter import EngineSpec
 from orchestrator.engines.base import EngineRole
 from orchestrator.engines.local_pool import LocalPool
 from orchestrator.engines.sim_engine import SimEngine
-from orchestrator.metrics import FrontendMetrics
-from orchestrator.prompts import PromptRenderer, load_tokenizer
-from orchestrator.request_path import RequestPath
-from orchestrator.routing import make_scheduler
-from orchestrator.kv.index import KVIndex
+from orchestrator.frontend import PoolGroup, build_frontend
+from orchestrator.prompts import load_tokenizer
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -44,28 +47,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kv-events", action="store_true", help="publish KV events (vLLM's ZMQ format) on --host")
 
 
+def app_config(args: argparse.Namespace) -> AppConfig:
+    """One aggregated pool of one simulated engine, round-robin (there is nothing to choose between)."""
+    engine = SimEngineConfig(kind="sim", gpu=args.gpu, model=args.sim_model, tensor_parallel_size=args.tp,
+                             profile=args.profile, num_gpu_blocks=args.num_gpu_blocks)
+    return AppConfig(
+        model=ModelConfig(name=args.served_model_name, source=str(Path(args.tokenizer).expanduser()),
+                          max_model_len=args.max_model_len),
+        kv_cache=KVCacheConfig(block_size=args.block_size),
+        decode_pool=PoolConfig(engine=engine),
+        routing=RoutingConfig(policy="round_robin"),
+        frontend=FrontendConfig(max_in_flight=1024, max_migrations=0),
+    )
+
+
 async def build(args: argparse.Namespace):
-    tokenizer_dir = str(Path(args.tokenizer).expanduser())
-    model = ModelConfig(name=args.served_model_name, source=tokenizer_dir, max_model_len=args.max_model_len)
-    engine_cfg = SimEngineConfig(kind="sim", gpu=args.gpu, model=args.sim_model, tensor_parallel_size=args.tp,
-                                 profile=args.profile, num_gpu_blocks=args.num_gpu_blocks)
-    engine = SimEngine(EngineSpec(model, KVCacheConfig(block_size=args.block_size), engine_cfg, EngineRole.AGGREGATED,
+    config = app_config(args)
+    engine = SimEngine(EngineSpec(config.model, config.kv_cache, config.decode_pool.engine, EngineRole.AGGREGATED,
                                   args.host, publish_kv_events=args.kv_events))
     pool = LocalPool("decode_pool", engine)
-    info = await pool.start()
-    tokenizer = await asyncio.to_thread(load_tokenizer, tokenizer_dir)
-    metrics = FrontendMetrics(pools=lambda: {"decode_pool": pool.replicas()})
-    scheduler = make_scheduler(RoutingConfig(policy="round_robin"), args.block_size, KVIndex())
-    path = RequestPath(pool, None, scheduler, metrics, prefill_timeout_s=30, max_migrations=0,
-                       detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=True))
-    service = CompletionService(ModelCard(model.name, model.max_model_len, created=int(time.time())),
-                                PromptRenderer(tokenizer), path, metrics, limits=LimitsConfig(),
-                                gate=AdmissionGate(1024), retry_after_s=1)
+    await pool.start()
+    tokenizer = await asyncio.to_thread(load_tokenizer, config.model.tokenizer_source)
+    parts = build_frontend(config, {PRIMARY_GROUP: PoolGroup(pool)}, tokenizer)
 
     async def health() -> Health:
-        return Health(ready=True, detail={"engine": info.to_dict()})
+        return parts.health()
 
-    return build_openai_app(service, AppHooks(health=health, pools=lambda: {"decode_pool": info.to_dict()}))
+    return build_openai_app(parts.service, AppHooks(health=health, pools=parts.pools_report))
 
 
 def run_sim_server(args: argparse.Namespace) -> int:

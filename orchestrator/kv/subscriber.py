@@ -16,6 +16,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from orchestrator.engines import kv_event_decoder
 from orchestrator.kv.events import KVEventBatch
@@ -46,11 +47,14 @@ class KVEventSubscriber:
         self._poll_s = poll_s
         self._clock = clock
         self._tasks: dict[str, asyncio.Task] = {}
-        import zmq
-        import zmq.asyncio
+        self._zmq: Any = None
+        self._context: Any = None
+        if subscribe:
+            import zmq
+            import zmq.asyncio
 
-        self._zmq = zmq
-        self._context = zmq.asyncio.Context()
+            self._zmq = zmq
+            self._context = zmq.asyncio.Context()
 
     async def run(self) -> None:
         try:
@@ -60,7 +64,8 @@ class KVEventSubscriber:
         finally:
             for task in self._tasks.values():
                 task.cancel()
-            self._context.destroy(linger=0)
+            if self._context is not None:
+                self._context.destroy(linger=0)
 
     def _sync(self) -> None:
         live: dict[str, ReplicaView] = {v.replica_id: v for pool in self._pools for v in pool.replicas()}

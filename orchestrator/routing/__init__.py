@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
-from orchestrator.config import RoutingConfig, RoutingPolicy
+from orchestrator.config import PRIMARY_GROUP, RoutingConfig, RoutingPolicy
 from orchestrator.kv.index import KVIndex
+from orchestrator.kv.ingest import KVEventIngest
 from orchestrator.routing.base import Scheduler
+from orchestrator.routing.shape import ShapeRouter
 
 
 def make_scheduler(config: RoutingConfig, block_size: int, index: KVIndex,
@@ -20,3 +23,23 @@ def make_scheduler(config: RoutingConfig, block_size: int, index: KVIndex,
     from orchestrator.routing.kv_scheduler import KvAwareScheduler
 
     return KvAwareScheduler(config, block_size, index, clock=clock, rng=rng)
+
+
+@dataclass(frozen=True)
+class RoutingParts:
+    """One KV index for every group (replica ids are unique), fed through `ingest`; a scheduler per group."""
+
+    index: KVIndex
+    ingest: KVEventIngest
+    schedulers: Mapping[str, Scheduler]
+    shape_router: ShapeRouter | None
+
+
+def build_routing(config: RoutingConfig, block_size: int, groups: Sequence[str] = (PRIMARY_GROUP,),
+                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> RoutingParts:
+    index = KVIndex()
+    schedulers = {group: make_scheduler(config, block_size, index, clock=clock, rng=rng) for group in groups}
+    shape_router = None
+    if config.shape is not None:
+        shape_router = ShapeRouter(config.shape, block_size, index, list(groups))
+    return RoutingParts(index, KVEventIngest(index), schedulers, shape_router)

@@ -32,14 +32,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from orchestrator.config import RoutingConfig
+from orchestrator.config import PRIMARY_GROUP, RoutingConfig
 from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats
 from orchestrator.kv.events import KVEventBatch
-from orchestrator.kv.index import KVIndex
-from orchestrator.kv.ingest import KVEventIngest
 from orchestrator.pools import ReplicaView
 from orchestrator.messages import EngineRequest, SamplingSpec
-from orchestrator.routing import make_scheduler
+from orchestrator.routing import build_routing
 from orchestrator.routing.base import RouteDecision
 from orchestrator.sim.core import Emitted, SimCore, SimRequest, StepResult
 from orchestrator.sim.link import LinkSpec
@@ -133,10 +131,9 @@ class ClusterSim:
         self.now = 0.0
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
-        self.index = KVIndex()
-        self.ingest = KVEventIngest(self.index)
-        self.scheduler = make_scheduler(spec.routing, spec.block_size, self.index, clock=lambda: self.now,
-                                        rng=random.Random(seed))
+        routing = build_routing(spec.routing, spec.block_size, clock=lambda: self.now, rng=random.Random(seed))
+        self.index, self.ingest = routing.index, routing.ingest
+        self.scheduler = routing.schedulers[PRIMARY_GROUP]
 
         self.vocab_size = vocab_size
         self.disaggregated = spec.prefill_replicas > 0
@@ -357,7 +354,7 @@ class ClusterSim:
                     self._at(landing, lambda: self._step(replica))
                 return
             if self._events and self._events[0][0] <= core.now:
-                self._at(core.now, lambda: self._resume_after(replica, result))
+                self._at(core.now, lambda result=result: self._resume_after(replica, result))
                 return
             self.now = core.now
             if not self._deliver_step(replica, result):

@@ -32,8 +32,9 @@ def _second_requests_hit_the_cache(apps, app, seed, wait_for_index):
         blocks_before = apps.http.get(apps.url(app, "/pools")).json()["kv_index"]["blocks"]
         complete(apps, app, prefix + token_prompt(16, seed=seed + 100 + i))
         if wait_for_index:  # the engines' events must reach the index; nothing else feeds it here
-            apps.wait_until(lambda: apps.http.get(apps.url(app, "/pools")).json()["kv_index"]["blocks"]
-                            >= blocks_before + PREFIX_TOKENS // 32, 20, "the prefix's KV events")
+            wanted = blocks_before + PREFIX_TOKENS // 32
+            apps.wait_until(lambda wanted=wanted: apps.http.get(apps.url(app, "/pools")).json()["kv_index"]["blocks"]
+                            >= wanted, 20, "the prefix's KV events")
         predicted_before, engine_before = cached_metrics(apps, app)
         usage = complete(apps, app, prefix + token_prompt(16, seed=seed + 200 + i))
         predicted_after, engine_after = cached_metrics(apps, app)

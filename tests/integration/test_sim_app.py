@@ -64,7 +64,7 @@ def test_shared_prefixes_land_where_the_simulated_engines_events_say_they_are(ap
         complete(apps, prefix + token_prompt(16, seed=9400 + i))
         # Only the engines' events feed the indexes here (no route memory): both
         # frontends must learn the prefix, whichever one routed it.
-        apps.wait_until(lambda: all(r["kv_index"]["blocks"] >= before.get(f, 0) + PREFIX_TOKENS // 32
+        apps.wait_until(lambda before=before: all(r["kv_index"]["blocks"] >= before.get(f, 0) + PREFIX_TOKENS // 32
                                     for f, r in frontend_reports(apps).items()), 20, "the prefix's KV events")
         usage = complete(apps, prefix + token_prompt(16, seed=9500 + i))["usage"]
         hits.append(usage["prompt_tokens_details"]["cached_tokens"])

@@ -141,3 +141,40 @@ def test_ray_is_imported_only_by_deployments():
     for package in ("orchestrator", "tools"):
         users = [str(p.relative_to(ROOT)) for p in (ROOT / package).rglob("*.py") if "ray" in _all_imports(p)]
         assert users == [], f"{package} imports ray: {users}"
+
+
+def _imports_of(package: str) -> dict[str, set[str]]:
+    return {str(p.relative_to(ROOT)): _all_imports(p) for p in sorted((ROOT / package).rglob("*.py"))}
+
+
+def test_each_layer_imports_only_the_layers_below_it():
+    """core (orchestrator) <- shell (deployments) and tools <- experiments (benchmarks)."""
+    forbidden = {
+        "orchestrator": {"deployments", "tools", "benchmarks"},
+        "deployments": {"tools", "benchmarks"},
+        "tools": {"deployments", "benchmarks"},
+    }
+    leaks = {f"{path}: {sorted(names & forbidden[package])}" for package in forbidden
+             for path, names in _imports_of(package).items() if names & forbidden[package]}
+    assert leaks == set()
+
+
+# The frontend's parts and where they may be constructed: orchestrator/frontend.py and
+# build_routing assemble them for the Serve deployment, the sim server and the simulator.
+ASSEMBLED_PARTS = {"KVIndex", "KVEventIngest", "make_scheduler", "ShapeRouter", "RequestPath",
+                   "CompletionService", "KVEventSubscriber"}
+ASSEMBLERS = {"orchestrator/frontend.py", "orchestrator/routing/__init__.py",
+              # a scheduler made without an index makes its own (unit tests of the scheduler alone)
+              "orchestrator/routing/kv_scheduler.py",
+              # times the index and its ingest in isolation
+              "benchmarks/scheduler_cost.py"}
+
+
+def test_the_frontend_is_assembled_in_one_place():
+    def constructed(path: Path) -> set[str]:
+        return {node.func.id for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ASSEMBLED_PARTS}
+
+    sites = {name: sorted(parts) for path in _sources()
+             if (name := str(path.relative_to(ROOT))) not in ASSEMBLERS and (parts := constructed(path))}
+    assert sites == {}

@@ -1,0 +1,149 @@
+"""The frontend's parts, assembled in one place: the KV index and what feeds it,
+one scheduler per pool group, the shape router, each group's request path,
+the OpenAI service, and the reports `/health` and `/pools` serve.
+
+    routing  = build_routing(config.routing, block size, group names)     (orchestrator/routing)
+             = index <- ingest <- KV events;  a scheduler per group;  shape router
+    frontend = build_frontend(config, groups of PoolClients, tokenizer)
+             = routing + metrics + a RequestPath per group + CompletionService
+               + the KV event subscriber following every pool's replicas
+
+The Ray Serve deployment (deployments/frontend.py) and the standalone sim
+server (tools/sim_server.py) call `build_frontend` with their own pool
+transports; the cluster simulator (orchestrator/sim/cluster.py) calls
+`build_routing` on a virtual clock. No part is built anywhere else.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator.api.admission import AdmissionGate
+from orchestrator.api.app import Health
+from orchestrator.api.service import CompletionService, ModelCard
+from orchestrator.config import PRIMARY_GROUP, AppConfig
+from orchestrator.engines.adapter import publishes_kv_events
+from orchestrator.kv.subscriber import KVEventSubscriber
+from orchestrator.metrics import FrontendMetrics
+from orchestrator.pools import PoolClient, ReplicaView
+from orchestrator.prompts import PromptRenderer, Tokenizer
+from orchestrator.request_path import RequestPath
+from orchestrator.routing import RoutingParts, build_routing
+from orchestrator.routing.base import Scheduler
+from orchestrator.routing.report import SchedulerCollector
+from orchestrator.routing.shape import CombinedLoad
+
+
+@dataclass(frozen=True)
+class PoolGroup:
+    """One group's pools as the frontend reaches them; `prefill` None: the group serves aggregated."""
+
+    decode: PoolClient
+    prefill: PoolClient | None = None
+
+    def clients(self) -> list[PoolClient]:
+        return [c for c in (self.decode, self.prefill) if c is not None]
+
+
+@dataclass(frozen=True)
+class FrontendParts:
+    config: AppConfig
+    groups: Mapping[str, PoolGroup]
+    routing: RoutingParts
+    metrics: FrontendMetrics
+    paths: Mapping[str, RequestPath]
+    service: CompletionService
+    kv_events: KVEventSubscriber
+
+    def pools(self) -> dict[str, PoolClient]:
+        """Every pool of every group, by name."""
+        return {client.name: client for group in self.groups.values() for client in group.clients()}
+
+    def pool_views(self) -> dict[str, list[ReplicaView]]:
+        return {name: pool.replicas() for name, pool in self.pools().items()}
+
+    def groups_report(self) -> dict[str, Any]:
+        return {name: {"mode": "aggregated" if group.prefill is None else "disaggregated",
+                       "pools": [c.name for c in group.clients()]}
+                for name, group in self.groups.items()}
+
+    def health(self) -> Health:
+        """Ready once every pool has a replica."""
+        counts = {name: len(views) for name, views in self.pool_views().items()}
+        detail: dict[str, Any] = {"mode": self.config.mode.value, "replicas": counts}
+        if len(self.groups) > 1:
+            detail["groups"] = self.groups_report()
+        return Health(ready=all(counts.values()), detail=detail)
+
+    def pools_report(self) -> dict[str, Any]:
+        """What `/pools` shows: the routing set-up, the KV index, every replica with its stats."""
+        shape = self.config.routing.shape
+        index = self.routing.index
+        return {
+            "mode": self.config.mode.value,
+            "routing": self.config.routing.policy.value,
+            "groups": self.groups_report(),
+            "shape_routing": shape.model_dump(mode="json") if shape is not None else None,
+            "kv_index": {"blocks": index.num_blocks(), "following": self.kv_events.following()},
+            "pools": {
+                name: [
+                    {
+                        "replica_id": v.replica_id,
+                        "info": v.info.to_dict() if v.info else None,
+                        "stats": v.stats.to_dict() if v.stats else None,
+                        "indexed_blocks": index.replica_blocks(v.replica_id),
+                    }
+                    for v in views
+                ]
+                for name, views in self.pool_views().items()
+            },
+        }
+
+
+def build_frontend(config: AppConfig, groups: Mapping[str, PoolGroup], tokenizer: Tokenizer,
+                   created: int | None = None, wall_clock: Callable[[], float] = time.time,
+                   new_id: Callable[[], str] | None = None) -> FrontendParts:
+    """The frontend over `groups` (the primary group first); `tokenizer` renders prompts and output text.
+    `created` (the model card's), `wall_clock` (responses' `created`) and `new_id` (response ids) are
+    injected for tests; by default the current time and random ids."""
+    if PRIMARY_GROUP not in groups:
+        raise ValueError(f"the frontend needs the {PRIMARY_GROUP!r} pool group; got {sorted(groups)}")
+    routing = build_routing(config.routing, config.kv_cache.block_size, list(groups))
+    pools: dict[str, PoolClient] = {c.name: c for g in groups.values() for c in g.clients()}
+
+    def pool_views() -> dict[str, list[ReplicaView]]:
+        return {name: pool.replicas() for name, pool in pools.items()}
+
+    metrics = FrontendMetrics(pools=pool_views)
+    loads = [s.load for s in routing.schedulers.values() if getattr(s, "load", None) is not None]
+    metrics.add_collector(SchedulerCollector(routing.index, CombinedLoad(loads) if loads else None, pool_views))
+    paths = {name: _request_path(config, group, routing.schedulers[name], metrics, tokenizer)
+             for name, group in groups.items()}
+    model = config.model
+    card = ModelCard(name=model.name, max_model_len=model.max_model_len,
+                     created=int(time.time()) if created is None else created)
+    frontend = config.frontend
+    service = CompletionService(card, PromptRenderer(tokenizer), paths[PRIMARY_GROUP], metrics,
+                                limits=frontend.limits, gate=AdmissionGate(frontend.max_in_flight),
+                                retry_after_s=frontend.retry_after_s, group_paths=paths,
+                                shape_router=routing.shape_router, wall_clock=wall_clock,
+                                **({"new_id": new_id} if new_id is not None else {}))
+    kv_events = KVEventSubscriber(list(pools.values()), routing.ingest, metrics,
+                                  subscribe=publishes_kv_events(config))
+    return FrontendParts(config, dict(groups), routing, metrics, paths, service, kv_events)
+
+
+def _request_path(config: AppConfig, group: PoolGroup, scheduler: Scheduler, metrics: FrontendMetrics,
+                  tokenizer: Tokenizer) -> RequestPath:
+    return RequestPath(
+        decode_pool=group.decode,
+        prefill_pool=group.prefill,
+        scheduler=scheduler,
+        metrics=metrics,
+        prefill_timeout_s=config.frontend.prefill_timeout_s,
+        max_migrations=config.frontend.max_migrations,
+        detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+    )
