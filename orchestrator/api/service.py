@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import time
 import uuid
 import weakref
@@ -102,13 +103,25 @@ def _cause(e: BaseException) -> str:
     return str(cause if isinstance(cause, BaseException) else e)
 
 
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text[:40]} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def _parse_json(raw: bytes) -> Any:
+    """Strict JSON: no NaN or infinities (spelled or by overflow). Every failure is a 400."""
     try:
-        return json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise bad_request(f"request body is not valid JSON: {e}") from None
+        return json.loads(raw, parse_float=_finite_float, parse_constant=_no_constant)
     except RecursionError:  # the body's size is bounded, its depth is not
         raise bad_request("request body is nested too deeply") from None
+    except ValueError as e:  # malformed, invalid UTF-8, NaN/Infinity, integers past Python's digit limit
+        raise bad_request(f"request body is not valid JSON: {str(e)[:200]}") from None
 
 
 class CompletionService:

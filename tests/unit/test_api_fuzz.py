@@ -70,3 +70,45 @@ def test_the_server_still_serves_after_the_fuzzing():
             return await c.post("/v1/completions", json={"model": MODEL, "prompt": "a b", "max_tokens": 2})
 
     assert run(go()).status_code == 200
+
+
+def _body_with(value: str) -> bytes:
+    return ('{"model": "%s", "prompt": "a b", "max_tokens": 2, "temperature": %s}' % (MODEL, value)).encode()
+
+
+hostile = st.one_of(
+    # nesting far beyond what json's recursion allows, in arrays and objects
+    st.integers(500, 150_000).map(lambda d: b'{"model": "m", "prompt": ' + b"[" * d + b"]" * d + b"}"),
+    st.integers(500, 50_000).map(lambda d: b'{"a": ' * d + b"1" + b"}" * d),
+    # integers past Python's 4,300-digit conversion limit, huge exponents, NaN and infinities
+    st.integers(4_000, 60_000).map(lambda n: _body_with("1" * n)),
+    st.sampled_from(["NaN", "Infinity", "-Infinity", "1e999999", "-1e-999999", "1" + "0" * 400 + ".5"]).map(_body_with),
+    # invalid UTF-8 inside an otherwise well-formed body
+    st.binary(min_size=1, max_size=8).map(lambda b: b'{"model": "m", "prompt": "' + b"\xff\xfe" + b + b'"}'),
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(raw=hostile, content_type=st.sampled_from(["application/json", "text/plain", "multipart/form-data",
+                                                   "application/x-www-form-urlencoded", ""]),
+       path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]))
+def test_hostile_bodies_get_a_4xx_and_never_a_server_error(raw, content_type, path):
+    async def go():
+        async with FE.client() as c:
+            return await c.post(path, content=raw, headers={"content-type": content_type} if content_type else {})
+
+    response = run(go())
+    _check(response)
+    assert response.status_code < 500
+
+
+def test_nan_and_infinite_numbers_are_refused_as_invalid_json():
+    async def go(value):
+        async with FE.client() as c:
+            return await c.post("/v1/completions", content=_body_with(value),
+                                headers={"content-type": "application/json"})
+
+    for value in ("NaN", "Infinity", "-Infinity", "1e999999"):
+        response = run(go(value))
+        assert response.status_code == 400, (value, response.text)
+        assert "not valid JSON" in response.json()["error"]["message"]
