@@ -1,10 +1,13 @@
-"""The profiler's estimators (decode step, a prompt's TTFT while a batch decodes) and the served source's parsing (tools/profile.py), with a fake engine on
-the other side of the Engine boundary."""
+"""The profiler's estimators (decode step, a prompt's TTFT while a batch decodes) and the served source's
+parsing (tools/profile.py), with a fake engine on the other side of the Engine boundary. The fakes pace
+their tokens with asyncio.sleep on a virtual clock, so the estimates are exact and no wall time passes."""
 
 import asyncio
 from dataclasses import dataclass
 
 import pytest
+
+from tests.virtual_time import run_virtual
 
 from tools.profile import _cache_config, _Prompts, measure_decode, measure_mixed
 
@@ -36,9 +39,9 @@ def test_decode_step_is_the_time_per_token_once_all_decode_whatever_the_chunking
     prompts = _Prompts(vocab_size=100, seed=0)
     for per_chunk in (1, 4):
         engine = _CoalescingEngine(step_s=0.005, prefill_s=0.01, per_chunk=per_chunk)
-        step = asyncio.run(measure_decode(engine, prompts, batch=3, context=16, tokens=25))
+        step = run_virtual(measure_decode(engine, prompts, batch=3, context=16, tokens=25))
         # Chunk gaps would say 0 for most tokens when 4 share a chunk; the estimator says 5 ms.
-        assert step == pytest.approx(0.005, rel=0.3)
+        assert step == pytest.approx(0.005, rel=1e-9)
 
 
 class _MixingEngine:
@@ -72,9 +75,9 @@ def test_mixed_point_is_a_prompts_ttft_while_the_batch_decodes_beside_it_alone_a
                                            repeats=2)
         return mixed, alone, engine.decoding
 
-    mixed, alone, still_decoding = asyncio.run(measure())
-    assert mixed == pytest.approx(0.03, rel=0.3)
-    assert alone == pytest.approx(0.01, rel=0.3)
+    mixed, alone, still_decoding = run_virtual(measure())
+    assert mixed == pytest.approx(0.03, rel=1e-9)
+    assert alone == pytest.approx(0.01, rel=1e-9)
     assert still_decoding == 0
 
 
@@ -97,7 +100,7 @@ def test_points_are_measured_in_rounds_so_a_drift_reaches_every_point_alike():
         calls.append(point)
         return point * next(speed)
 
-    medians = asyncio.run(in_rounds([10, 20], measure, repeats=3))
+    medians = run_virtual(in_rounds([10, 20], measure, repeats=3))
     assert calls == [10, 20, 10, 20, 10, 20]
     assert medians == {10: 20.0, 20: 40.0}  # the 2:1 shape kept
 
@@ -120,10 +123,10 @@ def test_server_cost_is_the_served_ttft_beyond_the_same_engine_in_process_idle_a
 
     # Through the server: 4 ms more when idle, 10 ms more while other requests stream.
     engine, served = _Recording("engine", 0.010, 0.020), _Recording("served", 0.014, 0.030)
-    cost = asyncio.run(measure_server_cost(engine, served, _Prompts(vocab_size=100, seed=0), isl=8, streams=[1, 3],
+    cost = run_virtual(measure_server_cost(engine, served, _Prompts(vocab_size=100, seed=0), isl=8, streams=[1, 3],
                                            repeats=2))
-    assert cost["request_overhead_s"] == pytest.approx(0.004, abs=0.003)
-    assert cost["request_overhead_busy_s"] == pytest.approx(0.010, abs=0.003)
+    assert cost["request_overhead_s"] == pytest.approx(0.004, rel=1e-9)
+    assert cost["request_overhead_busy_s"] == pytest.approx(0.010, rel=1e-9)
     assert [p["streams"] for p in cost["points"]] == [1, 3, 1, 3]
     per_point = 12  # 3 alone, 6 mixed, 3 alone
     assert order == (["engine"] * per_point + ["served"] * per_point) * 4

@@ -9,6 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.virtual_time import loop_time, run_virtual
 import zmq
 import zmq.asyncio
 
@@ -36,11 +38,11 @@ def word_tokenizer(directory: Path) -> Path:
     return directory
 
 
-def make_engine(tmp_path: Path, role=EngineRole.AGGREGATED, publish=False, **cfg) -> SimEngine:
+def make_engine(tmp_path: Path, role=EngineRole.AGGREGATED, publish=False, clock=time.monotonic, **cfg) -> SimEngine:
     model = ModelConfig(name="sim", source=str(word_tokenizer(tmp_path)), max_model_len=8192)
     engine = SimEngineConfig(kind="sim", **({"num_gpu_blocks": 64} | cfg))
     return SimEngine(EngineSpec(model, KVCacheConfig(block_size=BLOCK), engine, role, "127.0.0.1",
-                                publish_kv_events=publish))
+                                publish_kv_events=publish), clock=clock)
 
 
 def request(rid: str, prompt: list[int], max_tokens: int = 4) -> EngineRequest:
@@ -66,22 +68,25 @@ def test_roofline_capacity_is_what_the_gpu_holds_beside_the_weights():
 
 
 def test_generation_streams_greedy_tokens_in_modelled_time(tmp_path):
+    """On a virtual clock: the stream takes exactly the modelled time of its steps."""
     async def run():
-        engine = make_engine(tmp_path)
+        engine = make_engine(tmp_path, clock=loop_time)
         info = await engine.start()
         assert info.engine_kind == "sim" and info.kv_capacity_blocks == 64
-        started = time.monotonic()
+        started = loop_time()
         chunks = await collect(engine, request("a", prompt(40), max_tokens=5))
-        elapsed = time.monotonic() - started
+        elapsed = loop_time() - started
+        modelled = engine._core.now
         engine.shutdown()
-        return chunks, elapsed, engine.stats()
+        return chunks, elapsed, modelled, engine.stats()
 
-    chunks, elapsed, stats = asyncio.run(run())
+    chunks, elapsed, modelled, stats = run_virtual(run())
     assert [c.token_ids[0] for c in chunks] == greedy_output(prompt(40), 5, VOCAB)
     assert chunks[0].num_prompt_tokens == 40 and chunks[-1].finish_reason is FinishReason.LENGTH
     assert "".join(c.text for c in chunks)
-    # Five H100 steps of an 8B model (~7 ms each: weights read once a step).
-    assert 0.02 < elapsed < 1.0
+    # Five H100 steps of an 8B model (~7 ms each: weights read once a step), released as modelled.
+    assert 0.02 < modelled < 0.1
+    assert elapsed == pytest.approx(modelled, abs=1e-9)
     assert stats.generation_tokens_total == 5 and stats.prompt_tokens_computed_total == 40
     assert stats.kv_cache_usage == 0.0  # everything freed (cached blocks are free)
 

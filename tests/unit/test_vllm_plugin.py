@@ -42,8 +42,15 @@ def test_without_the_variables_the_plugin_changes_nothing(monkeypatch):
 
 
 def test_shm_queue_readers_sleep_between_looks_then_wait_for_the_writer(monkeypatch):
+    """Within vLLM's spin window the reader sleeps the poll interval (on the plugin's clock, faked here);
+    past it, vLLM's own wait on the writer's notification runs, woken by a notify before its timeout."""
+    import types
+
     import zmq
 
+    now = [0.0]
+    slept: list[float] = []
+    monkeypatch.setattr(vllm_plugin, "time", types.SimpleNamespace(monotonic=lambda: now[0], sleep=slept.append))
     monkeypatch.setattr(shm, "SpinCondition", shm.SpinCondition)
     monkeypatch.setattr(vllm_plugin, "_installed", set())
     monkeypatch.setenv(vllm_plugin.SHM_POLL_ENV, "20000")
@@ -52,18 +59,17 @@ def test_shm_queue_readers_sleep_between_looks_then_wait_for_the_writer(monkeypa
     writer = shm.SpinCondition(is_reader=False, context=context, notify_address="inproc://queue")
     reader = shm.SpinCondition(is_reader=True, context=context, notify_address="inproc://queue")
     try:
-        reader.record_read()  # a message was just read: the spin window
-        started = time.monotonic()
+        reader.last_read = 0.0  # a message was just read: the spin window
         reader.wait()
-        assert 0.02 <= time.monotonic() - started < 0.5  # slept 20 ms where vLLM yields and returns
-        reader.last_read -= reader.busy_loop_s  # idle: vLLM's own wait on the writer's notification
+        assert slept == [0.02]  # slept 20 ms where vLLM yields and returns
+        now[0] = reader.busy_loop_s + 1.0  # idle: vLLM's own wait on the writer's notification
         started = time.monotonic()
         reader.wait(timeout_ms=100)
-        assert time.monotonic() - started >= 0.09
+        assert time.monotonic() - started >= 0.09 and slept == [0.02]
         writer.notify()
         started = time.monotonic()
-        reader.wait(timeout_ms=5000)
-        assert time.monotonic() - started < 1
+        reader.wait(timeout_ms=10_000)
+        assert time.monotonic() - started < 9  # the notification woke it, not the timeout
     finally:
         for socket in (writer.local_notify_socket, reader.local_notify_socket,
                        reader.read_cancel_socket, reader.write_cancel_socket):
