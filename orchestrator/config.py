@@ -431,6 +431,12 @@ class NetworkConfig(_Strict):
         description="How long a decode engine waits for a prefill engine's NIXL handshake before it computes "
         "the prompt itself. None: vLLM's default (30 s).",
     )
+    kv_lease_s: int = Field(
+        default=30, ge=6,
+        description="How long a prefill replica holds a prompt's KV blocks for a decode replica that has not read "
+        "them (vLLM's `kv_lease_duration`; the decode side renews it every lease/6 s while it waits). A request "
+        "whose decode never comes frees its blocks after this. At least 6: vLLM renews every lease // 6 s.",
+    )
     transport_env: dict[str, str] = Field(
         default_factory=dict,
         description="Environment of every engine process for the KV transport: UCX_TLS, UCX_NET_DEVICES, "

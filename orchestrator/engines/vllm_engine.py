@@ -176,7 +176,8 @@ class VllmEngine:
                 kv_connector="NixlConnector",
                 kv_role=_ROLE_TO_KV_ROLE[self._role],
                 kv_buffer_device="cpu" if cfg.device is Device.CPU else "cuda",
-                kv_connector_extra_config={"backends": list(self._network.nixl_backends)},
+                kv_connector_extra_config={"backends": list(self._network.nixl_backends),
+                                           "kv_lease_duration": self._network.kv_lease_s},
                 # A decode engine whose KV read fails (prefill replica gone, transfer
                 # error) computes the prompt itself instead of failing the request.
                 kv_load_failure_policy="recompute",

@@ -202,7 +202,7 @@ def apps(serve_instance, tiny_model) -> ServeApps:
         # No route memory: what the index knows comes from the engines' events only.
         "disagg": app_config("disagg-cpu.yaml", tiny_model, frontend__prefill_timeout_s=10, decode_pool__replicas=2,
                              routing__event_lag_ttl_s=0, prefill_pool__engine__cpu__kv_cache_gib=0.25,
-                             network__kv_handshake_timeout_s=3, **small_kv),
+                             network__kv_handshake_timeout_s=3, network__kv_lease_s=10, **small_kv),
         "agg": app_config("agg-cpu.yaml", tiny_model, **small_kv),
         "approx": app_config("agg-cpu.yaml", tiny_model, decode_pool__replicas=2, routing__kv_events=False, **small_kv),
         # Block size as the CPU apps', so that the KV-routing checks read alike.

@@ -112,6 +112,25 @@ def test_a_failed_kv_transfer_is_computed_by_the_decode_engine(apps):
     assert decode_after["prompt_tokens_computed_total"] - decode_before["prompt_tokens_computed_total"] >= 700
 
 
+def test_a_prefill_whose_decode_never_comes_frees_its_blocks_when_the_lease_lapses(apps):
+    """vLLM's KV lease (`network.kv_lease_s`, 10 s in this app): the prefill replica holds a prompt's blocks
+    for its decode replica, and frees them when no decode reads them in time."""
+    usage = lambda: apps.engine_stats("disagg", "prefill_pool")["kv_cache_usage"]  # noqa: E731
+    before = apps.settled_engine_stats("disagg", "prefill_pool")["kv_cache_usage"]
+    prompt = tuple(token_prompt(700, seed=8181))
+    request = EngineRequest(f"orphan-{uuid.uuid4().hex}", prompt, SamplingSpec(max_tokens=16, temperature=0))
+
+    async def prefill_only():
+        return await serve.get_deployment_handle("prefill_pool", "disagg").prefill.remote(request.for_prefill(None))
+
+    result = asyncio.run(prefill_only())
+    prefilled_at = time.monotonic()
+    assert result.kv_transfer is not None and result.kv_transfer.num_tokens == 700
+    apps.wait_until(lambda: usage() > before, 8, "the prefill replica holding the prompt's blocks")
+    apps.wait_until(lambda: usage() <= before, 40, "the prompt's blocks freed once the lease lapsed")
+    assert time.monotonic() - prefilled_at >= 8  # held for the lease (10 s, less a report's lag), not dropped
+
+
 def test_a_decode_replica_killed_mid_stream_hands_the_stream_on(apps):
     _wait_for_replicas(apps, "decode_pool", 2)
     body = {"model": MODEL, "prompt": text_prompt(40, seed=31), "max_tokens": 1200, "temperature": 0, "ignore_eos": True}
