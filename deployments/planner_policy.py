@@ -190,6 +190,20 @@ def _weighted(metrics, name, weight) -> float:
     return sum(v * weights.get(r, 0.0) for r, v in values.items()) / total
 
 
+# The planner's gauges, exported by Ray's metrics agent as ray_<prefix><name> (dashboards/orchestrator.json).
+PLANNER_GAUGE_PREFIX = "orchestrator_planner_"
+PLANNER_GAUGES = {
+    "observed_rate": "Requests/s the pools saw last interval.",
+    "predicted_rate": "Requests/s the planner expects next interval.",
+    "proposed_replicas": "Replicas the planner computed, before constraints.",
+    "desired_replicas": "Replicas the planner asks for.",
+    "ready_replicas": "Replicas serving.",
+    "correction": "Planner correction factor (observed vs target latency).",
+    "queued_prompt_tokens": "Prompt tokens the pool's replicas held with no first token yet.",
+    "peak_ratio": "Peak over mean prompt tokens/s the prefill pool was sized for.",
+}
+
+
 class _Gauges:
     """The planner's view as Ray metrics (exported with Ray's own metrics)."""
 
@@ -202,17 +216,7 @@ class _Gauges:
         except ImportError:  # outside Ray
             return
         if self._gauges is None:
-            names = {
-                "observed_rate": "Requests/s the pools saw last interval.",
-                "predicted_rate": "Requests/s the planner expects next interval.",
-                "proposed_replicas": "Replicas the planner computed, before constraints.",
-                "desired_replicas": "Replicas the planner asks for.",
-                "ready_replicas": "Replicas serving.",
-                "correction": "Planner correction factor (observed vs target latency).",
-                "queued_prompt_tokens": "Prompt tokens the pool's replicas held with no first token yet.",
-                "peak_ratio": "Peak over mean prompt tokens/s the prefill pool was sized for.",
-            }
-            self._gauges = {k: Gauge(f"orchestrator_planner_{k}", v, tag_keys=("pool",)) for k, v in names.items()}
+            self._gauges = {k: Gauge(f"{PLANNER_GAUGE_PREFIX}{k}", v, tag_keys=("pool",)) for k, v in PLANNER_GAUGES.items()}
         g = self._gauges
         g["observed_rate"].set(obs.request_rate, tags={"pool": "all"})
         g["predicted_rate"].set(decision.predicted_rate, tags={"pool": "all"})
