@@ -10,21 +10,13 @@ through `record_autoscaling_stats`); once an interval has passed it builds
 an Observation from both and decides both counts together. In advisory mode
 it logs the decision and leaves the counts as they are.
 
-Besides the windowed metrics (aggregated by Serve over its look-back,
-`max`), two observations are read from each replica's latest report alone
-(`ctx.raw_metrics`), as the simulator reads them at the interval's end:
-  prefill_queued_tokens  the prompt tokens of requests the prefill pool's
-                         replicas hold with no first token yet (the whole
-                         prompt: a prompt half computed in chunks, or partly
-                         in the prefix cache, counts in full);
-  peak_prompt_tps        over the decode pool's replicas, which every request
-                         reaches (the same arrivals as the interval's mean
-                         prompt tokens/s): per peak bucket the sum of the
-                         replicas' prompt tokens, the largest over the
-                         newest buckets of one interval
-                         (observer.pool_peak_prompt_tps; the sum of the
-                         replicas' own peaks, an upper bound, where their
-                         reports share no bucket).
+The observation comes from each serving replica's latest report
+(`ReplicaReport`, carried as custom metrics; the newest point of
+`ctx.raw_metrics`, Serve's aggregated value where a metric has no raw
+series) through `orchestrator.planner.observation.observe_pools`, the same
+builder the cluster simulator uses. Each report already covers the last
+interval (the replica's load window), and its prompt-token buckets line up
+across replicas on the shared clock for the pool's peak.
 
 Scale-down: Serve stops routing to a replica it removes and waits up to the
 pool's `graceful_shutdown_timeout_s` for its in-flight requests; the
@@ -39,36 +31,14 @@ import time
 from typing import Any
 
 from orchestrator.config import AppConfig, PlannerMode
-from orchestrator.engines import engine_adapter
-from orchestrator.planner.observer import MISSING, pool_peak_prompt_tps
-from orchestrator.planner.planner import Observation, ScalingDecision, SlaPlanner
+from orchestrator.planner.factory import make_planner
+from orchestrator.planner.observation import observe_pools
+from orchestrator.planner.observer import ReplicaReport
+from orchestrator.planner.planner import Observation, ScalingDecision
 
 log = logging.getLogger("ray.serve")
 
 POOL_KEYS = {"prefill_pool": "prefill", "decode_pool": "decode"}
-
-
-def make_planner(app: AppConfig) -> SlaPlanner:
-    """The planner for an application: the profile it names, else the decode
-    pool's engine's own performance model (the simulated engine's)."""
-    from orchestrator.sim.perf_model import ProfileModel
-
-    engine = app.decode_pool.engine
-    inputs = engine_adapter(engine.kind).planner_inputs(engine)
-    if app.planner.profile is not None:
-        perf = ProfileModel.load(app.planner.profile)
-        kv_tokens = perf.meta.get("kv_capacity_tokens") or None
-        if inputs.kv_cache_bytes is not None and perf.kv_bytes_per_token:
-            # On CPU the pool's KV budget is a byte count of its own config, not
-            # whatever the profiled engine had.
-            kv_tokens = inputs.kv_cache_bytes // perf.kv_bytes_per_token
-    elif inputs.own_performance is not None:
-        perf, kv_tokens = inputs.own_performance(app.kv_cache.block_size)
-    else:
-        raise ValueError(f"planner.profile is required for {engine.kind} pools (make one with `orchestrator profile`)")
-    prefill = app.prefill_pool.replicas if app.prefill_pool is not None else 0
-    return SlaPlanner(app.planner, app.sla, perf, kv_tokens, max_num_seqs=inputs.max_num_seqs or 256,
-                      disaggregated=app.prefill_pool is not None, initial=(prefill, app.decode_pool.replicas))
 
 
 class _Coordinator:
@@ -105,89 +75,33 @@ class _Coordinator:
         return ["decode_pool"] + (["prefill_pool"] if self.app.prefill_pool is not None else [])
 
     def observation(self, interval_s: float) -> Observation:
-        decode = self.metrics.get("decode_pool", {})
-        prefill = self.metrics.get("prefill_pool", {})
-        decode_reports = list(self.latest.get("decode_pool", {}).values())
-        peak = pool_peak_prompt_tps(decode_reports)
-        rate = _total(decode, "arrival_rate")
-        prompt = _total(decode, "prompt_tokens")
-        cached = _total(decode, "cached_tokens") + _total(prefill, "cached_tokens")
-        # A client's first token waits for the prefill replica, then for the decode replica's first step.
-        ttft = _worst(decode, "first_token_p99_s")
-        if prefill and ttft is not None and _worst(prefill, "first_token_p99_s") is not None:
-            ttft += _worst(prefill, "first_token_p99_s")
-        return Observation(
-            interval_s=interval_s,
-            requests=round(rate * interval_s),
-            mean_isl=_weighted(decode, "mean_isl", "arrival_rate"),
-            mean_osl=_weighted(decode, "mean_osl", "arrival_rate"),
-            prefix_hit_rate=min(cached / prompt, 1.0) if prompt else 0.0,
-            ttft_p99_s=ttft,
-            itl_p50_s=_mean(decode, "itl_p50_s"),
-            prefill_replicas=self.ready.get("prefill_pool", 0),
-            decode_replicas=self.ready.get("decode_pool", 0),
-            prefill_waiting=round(_total(prefill, "waiting")),
-            decode_waiting=round(_total(decode, "waiting")),
-            prefill_queued_tokens=sum(r.get("queued_prompt_tokens", 0.0)
-                                      for r in self.latest.get("prefill_pool", {}).values()),
-            peak_prompt_tps=peak,
-            peak_window_s=_peak_window(decode_reports) if peak is not None else None,
-        )
+        """From each serving replica's latest report (orchestrator/planner/observation.py)."""
+        def reports(pool: str) -> list[ReplicaReport]:
+            return [ReplicaReport.from_metrics(m) for m in self.latest.get(pool, {}).values()]
+
+        prefill = reports("prefill_pool") if self.app.prefill_pool is not None else None
+        return observe_pools(interval_s, prefill, reports("decode_pool"), self.ready.get("prefill_pool", 0),
+                             self.ready.get("decode_pool", 0))
 
 
 def _latest_reports(raw: dict[str, dict[Any, list]] | None,
                     aggregated: dict[str, dict[Any, float]]) -> dict[Any, dict[str, float]]:
     """Each replica's latest report: per metric its newest value (a replica
     reports all its metrics at once, with one timestamp, so these are one
-    report's). Without raw time series (not given by this Serve), the
-    aggregated values stand in: bucket counts then may mix two reports
-    across a bucket boundary (a peak off by a bucket)."""
+    report's). A metric without raw time series (not given by every Serve)
+    takes Serve's aggregated value instead: bucket counts then may mix two
+    reports across a bucket boundary (a peak off by a bucket)."""
     reports: dict[Any, dict[str, float]] = {}
-    if raw:
-        for name, series_by_replica in raw.items():
-            for replica, series in series_by_replica.items():
-                if series:
-                    reports.setdefault(replica, {})[name] = max(series, key=lambda p: p.timestamp).value
-        return reports
     for name, by_replica in aggregated.items():
+        if raw and raw.get(name):
+            continue
         for replica, value in by_replica.items():
             reports.setdefault(replica, {})[name] = value
+    for name, series_by_replica in (raw or {}).items():
+        for replica, series in series_by_replica.items():
+            if series:
+                reports.setdefault(replica, {})[name] = max(series, key=lambda p: p.timestamp).value
     return reports
-
-
-def _peak_window(reports: list[dict[str, float]]) -> float | None:
-    widths = [r["peak_window_s"] for r in reports if r.get("peak_window_s")]
-    return max(widths) if widths else None
-
-
-def _values(metrics: dict[str, dict[Any, float]], name: str) -> list[float]:
-    return [v for v in (metrics.get(name) or {}).values() if v is not None and not math.isnan(v)]
-
-
-def _total(metrics, name) -> float:
-    return float(sum(_values(metrics, name)))
-
-
-def _present(metrics, name) -> list[float]:
-    return [v for v in _values(metrics, name) if v > MISSING]
-
-
-def _worst(metrics, name) -> float | None:
-    values = _present(metrics, name)
-    return max(values) if values else None
-
-
-def _mean(metrics, name) -> float | None:
-    values = _present(metrics, name)
-    return sum(values) / len(values) if values else None
-
-
-def _weighted(metrics, name, weight) -> float:
-    values, weights = metrics.get(name) or {}, metrics.get(weight) or {}
-    total = sum(weights.get(r, 0.0) for r in values)
-    if not total:
-        return 0.0
-    return sum(v * weights.get(r, 0.0) for r, v in values.items()) / total
 
 
 # The planner's gauges, exported by Ray's metrics agent as ray_<prefix><name> (dashboards/orchestrator.json).

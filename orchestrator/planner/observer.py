@@ -26,12 +26,60 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
 import numpy as np
 
 MISSING = -1.0
 MAX_BUCKETS = 60  # reported buckets per snapshot at most (metrics are one key each)
 BUCKET_KEY = "prompt_tokens_bucket_"  # + j: prompt tokens in bucket `bucket_now - j` (j = 1 the last complete one)
+
+
+@dataclass(frozen=True)
+class ReplicaReport:
+    """One replica's report to the planner: the boundary between a replica
+    (a Serve replica, or one in the cluster simulator) and the planner's
+    pool-level Observation (orchestrator/planner/observation.py). Serve
+    carries it as flat float metrics (`to_metrics` / `from_metrics`)."""
+
+    arrival_rate: float = 0.0  # requests/s over the span
+    mean_isl: float = 0.0  # of the requests that arrived
+    mean_osl: float = 0.0  # of the requests that finished
+    prompt_tokens: float = 0.0  # arrived
+    cached_tokens: float = 0.0  # found in this replica's prefix cache, of the requests that finished
+    first_token_p99_s: float | None = None  # at this replica, from its arrival; None: no sample
+    itl_p50_s: float | None = None
+    waiting: float = 0.0  # requests queued in the engine now
+    queued_prompt_tokens: float = 0.0  # prompt tokens of requests here with no first token yet
+    peak_window_s: float | None = None  # width of a peak bucket
+    peak_prompt_tps: float | None = None  # the most prompt tokens/s over one complete bucket
+    bucket_now: float | None = None  # index of the bucket `now` is in, on the shared clock
+    buckets: tuple[float, ...] = ()  # prompt tokens per bucket, j = 1 the last complete one
+
+    _LATENCIES = ("first_token_p99_s", "itl_p50_s")
+    _SCALARS = ("arrival_rate", "mean_isl", "mean_osl", "prompt_tokens", "cached_tokens", "waiting",
+                "queued_prompt_tokens", "peak_window_s", "peak_prompt_tps", "bucket_now")
+
+    def to_metrics(self) -> dict[str, float]:
+        out = {k: float(getattr(self, k)) for k in self._SCALARS if getattr(self, k) is not None}
+        out.update({k: MISSING if getattr(self, k) is None else float(getattr(self, k)) for k in self._LATENCIES})
+        out.update({f"{BUCKET_KEY}{j}": float(n) for j, n in enumerate(self.buckets, start=1)})
+        return out
+
+    @classmethod
+    def from_metrics(cls, metrics: Mapping[str, float]) -> "ReplicaReport":
+        """Missing keys take their defaults; a latency of MISSING (or NaN) is no sample."""
+        def present(key: str) -> float | None:
+            value = metrics.get(key)
+            return None if value is None or math.isnan(value) else float(value)
+
+        values: dict = {k: v for k in cls._SCALARS if (v := present(k)) is not None}
+        for k in cls._LATENCIES:
+            v = present(k)
+            values[k] = v if v is not None and v > MISSING else None
+        buckets = {int(k[len(BUCKET_KEY):]): v for k, v in metrics.items() if k.startswith(BUCKET_KEY)}
+        values["buckets"] = tuple(buckets[j] for j in range(1, len(buckets) + 1) if j in buckets)
+        return cls(**values)
 
 
 class ReplicaLoadWindow:
@@ -78,7 +126,7 @@ class ReplicaLoadWindow:
         self._finished.append((self._clock(), output_tokens, cached_tokens,
                                MISSING if first_token_s is None else first_token_s))
 
-    def snapshot(self, waiting: int = 0) -> dict[str, float]:
+    def report(self, waiting: int = 0) -> ReplicaReport:
         """May run on another thread than the recording calls (Serve runs a
         replica's sync methods in a thread pool): it drops samples older
         than anything it reports (popleft, atomic) and reads copies of the
@@ -103,26 +151,30 @@ class ReplicaLoadWindow:
             j = current - math.floor(t / w)
             if 1 <= j <= len(buckets):
                 buckets[j - 1] += p
-        return {
-            "arrival_rate": len(arrivals) / self.span_s,
-            "mean_isl": prompt / len(arrivals) if arrivals else 0.0,
-            "mean_osl": float(np.mean([o for o, _, _ in finished])) if finished else 0.0,
-            "prompt_tokens": float(prompt),
-            "cached_tokens": float(sum(c for _, c, _ in finished)),
-            "first_token_p99_s": float(np.quantile(firsts, 0.99)) if firsts else MISSING,
-            "itl_p50_s": float(np.median(gaps)) if gaps else MISSING,
-            "waiting": float(waiting),
-            "queued_prompt_tokens": float(self._queued_tokens),
-            "peak_window_s": float(w),
-            "peak_prompt_tps": max(buckets[:self.peak_buckets]) / w,
-            "bucket_now": float(current),
-            **{f"{BUCKET_KEY}{j}": float(n) for j, n in enumerate(buckets, start=1)},
-        }
+        return ReplicaReport(
+            arrival_rate=len(arrivals) / self.span_s,
+            mean_isl=prompt / len(arrivals) if arrivals else 0.0,
+            mean_osl=float(np.mean([o for o, _, _ in finished])) if finished else 0.0,
+            prompt_tokens=float(prompt),
+            cached_tokens=float(sum(c for _, c, _ in finished)),
+            first_token_p99_s=float(np.quantile(firsts, 0.99)) if firsts else None,
+            itl_p50_s=float(np.median(gaps)) if gaps else None,
+            waiting=float(waiting),
+            queued_prompt_tokens=float(self._queued_tokens),
+            peak_window_s=float(w),
+            peak_prompt_tps=max(buckets[:self.peak_buckets]) / w,
+            bucket_now=float(current),
+            buckets=tuple(float(n) for n in buckets),
+        )
+
+    def snapshot(self, waiting: int = 0) -> dict[str, float]:
+        """The report as Serve's custom autoscaling metrics (flat floats)."""
+        return self.report(waiting).to_metrics()
 
 
-def pool_peak_prompt_tps(reports: Iterable[Mapping[str, float]]) -> float | None:
+def pool_peak_prompt_tps(reports: Iterable[ReplicaReport]) -> float | None:
     """The most prompt tokens/s that arrived at a pool over one peak bucket,
-    from its replicas' latest snapshots: per bucket (an absolute index on the
+    from its replicas' latest reports: per bucket (an absolute index on the
     shared clock) the sum over replicas, the largest of the newest n buckets
     every replica reported (n as a replica reports it: the peak buckets of
     one span). Where the replicas share no bucket (reports more than one
@@ -131,14 +183,11 @@ def pool_peak_prompt_tps(reports: Iterable[Mapping[str, float]]) -> float | None
     buckets."""
     per_replica: list[tuple[float, float, dict[int, float]]] = []  # (w, own peak, {bucket: tokens})
     for report in reports:
-        w, now = report.get("peak_window_s"), report.get("bucket_now")
-        if not w or now is None or math.isnan(now):
+        w, now = report.peak_window_s, report.bucket_now
+        if not w or now is None:
             continue
-        counts = {}
-        for key, tokens in report.items():
-            if key.startswith(BUCKET_KEY):
-                counts[int(now) - int(key[len(BUCKET_KEY):])] = tokens
-        per_replica.append((w, report.get("peak_prompt_tps", 0.0), counts))
+        counts = {int(now) - j: tokens for j, tokens in enumerate(report.buckets, start=1)}
+        per_replica.append((w, report.peak_prompt_tps or 0.0, counts))
     if not per_replica:
         return None
     widths = {w for w, _, _ in per_replica}

@@ -35,6 +35,9 @@ from typing import Protocol
 from orchestrator.config import PRIMARY_GROUP, RoutingConfig
 from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats
 from orchestrator.kv.events import KVEventBatch
+from orchestrator.planner.observation import observe_pools
+from orchestrator.planner.observer import ReplicaLoadWindow, ReplicaReport
+from orchestrator.planner.planner import Observation
 from orchestrator.pools import ReplicaView
 from orchestrator.messages import EngineRequest, SamplingSpec
 from orchestrator.routing import build_routing
@@ -63,6 +66,10 @@ class ClusterSpec:
     # A server in front: a request reaches the scheduler `perf.request_overhead(busy)` after the
     # client sends it (busy: another request is in flight), and its client clock starts at the send.
     server_overhead: bool = False
+    # Each replica keeps the load window a Serve replica keeps for the SLA planner (None: none), and reports
+    # it as a Serve replica does (`observation`): the planner sees the simulator through the same code.
+    report_span_s: float | None = None
+    peak_window_s: float = 2.0
 
 
 @dataclass
@@ -101,10 +108,24 @@ class ReplicaState(enum.Enum):
     DRAINING = "draining"  # removed: finishes what it has, gets nothing new
 
 
+@dataclass
+class _Timing:
+    """One request at one replica, as a Serve replica times it for its load window."""
+
+    key: int
+    start: float
+    local_prefill: bool
+    first: float | None = None
+    last: float = 0.0
+    outputs: int = 0
+    cached: int = 0
+
+
 class _Replica:
     def __init__(self, replica_id: str, role: EngineRole, core: SimCore, block_size: int,
-                 state: ReplicaState = ReplicaState.READY) -> None:
+                 state: ReplicaState = ReplicaState.READY, window: ReplicaLoadWindow | None = None) -> None:
         self.replica_id = replica_id
+        self.window = window
         self.role = role
         self.core = core
         self.state = state
@@ -151,6 +172,7 @@ class ClusterSim:
         self._prefill_of: dict[str, tuple[str, EngineRequest, RouteDecision]] = {}  # prefill id -> original
         self._on_finished: Callable[[], None] = lambda: None
         self._in_server = 0  # sent and not finished
+        self._timings: dict[str, _Timing] = {}  # request or prefill id -> its timing at its replica
 
     # -- the loop ------------------------------------------------------------------
 
@@ -212,10 +234,53 @@ class ClusterSim:
             self.replicas[route.prefill_replica].inflight += 1
             prefill_id = f"{request_id}-prefill"
             self._prefill_of[prefill_id] = (request_id, request, route)
+            self._arrived_at(route.prefill_replica, prefill_id, len(request.prompt_token_ids), False)
             self._submit(route.prefill_replica, SimRequest(prefill_id, list(request.prompt_token_ids), 1,
                                                            hold_for_transfer=True))
         else:
+            self._arrived_at(route.decode_replica, request_id, len(request.prompt_token_ids), True)
             self._submit(route.decode_replica, SimRequest(request_id, list(request.prompt_token_ids), a.max_tokens))
+
+    # -- what each replica reports to the planner (as deployments/engine_replica.py records it) ------------------
+
+    def _arrived_at(self, replica_id: str, request_id: str, prompt_tokens: int, local_prefill: bool) -> None:
+        window = self.replicas[replica_id].window
+        if window is not None:
+            self._timings[request_id] = _Timing(window.arrived(prompt_tokens), self.now, local_prefill)
+
+    def _prefilled_at(self, replica: _Replica, prefill_id: str, cached_tokens: int) -> None:
+        timing = self._timings.pop(prefill_id, None)
+        if timing is not None:
+            replica.window.prompt_done(timing.key)
+            replica.window.finished(0, cached_tokens, self.now - timing.start)
+
+    def _token_at(self, replica: _Replica, emitted: Emitted, finished: bool) -> None:
+        timing = self._timings.get(emitted.request_id)
+        if timing is None:
+            return
+        window = replica.window
+        if timing.first is None:
+            timing.first = self.now - timing.start
+            window.prompt_done(timing.key)
+            timing.cached = emitted.cached_tokens if timing.local_prefill else 0  # else counted at the prefill
+        else:
+            window.token_gap(self.now - timing.last)
+        timing.last = self.now
+        timing.outputs += 1
+        if finished:
+            window.finished(timing.outputs, timing.cached, timing.first)
+            del self._timings[emitted.request_id]
+
+    def reports(self, name: str) -> list[ReplicaReport]:
+        """The latest report of each serving replica of the pool, as Serve's controller receives them."""
+        return [r.window.report(waiting=r.core.num_waiting) for r in self.pool(name)
+                if r.state is ReplicaState.READY and r.window is not None]
+
+    def observation(self, interval_s: float) -> Observation:
+        """The interval that just ended, as the Serve policy builds it (orchestrator/planner/observation.py)."""
+        prefill = self.reports("prefill") if self.disaggregated else None
+        return observe_pools(interval_s, prefill, self.reports("decode"),
+                             self.count("prefill", ReplicaState.READY), self.count("decode", ReplicaState.READY))
 
     def _submit(self, replica_id: str, request: SimRequest) -> None:
         replica = self.replicas[replica_id]
@@ -228,6 +293,8 @@ class ClusterSim:
         request_id, request, route = self._prefill_of.pop(prefill_id)
         self.scheduler.on_prefill_done(request_id)
         prefill_replica.inflight -= 1
+        self._prefilled_at(prefill_replica, prefill_id, cached_tokens)
+        self._arrived_at(route.decode_replica, request_id, len(request.prompt_token_ids), False)
         transfer_s = self.link.transfer_time(len(request.prompt_token_ids) * self.perf.kv_bytes_per_token)
         self.outcomes[request_id].cached_tokens = cached_tokens
         self._submit(route.decode_replica, SimRequest(request_id, list(request.prompt_token_ids),
@@ -247,6 +314,8 @@ class ClusterSim:
             return
         outcome = self.outcomes[request_id]
         outcome.token_times.append(self.now)
+        if replica.window is not None:
+            self._token_at(replica, emitted, len(outcome.token_times) >= outcome.max_tokens)
         if emitted.first:
             self.scheduler.on_prefill_done(request_id)
             if not outcome.route.remote_prefill:
@@ -310,7 +379,10 @@ class ClusterSim:
             EngineRole.DECODE if self.disaggregated else EngineRole.AGGREGATED)
         core = SimCore(self.perf, spec.num_blocks, spec.block_size, spec.max_num_seqs, spec.max_num_batched_tokens,
                        vocab_size=self.vocab_size)
-        replica = _Replica(f"{name[0]}{next(self._names)}", role, core, spec.block_size, state)
+        window = None
+        if spec.report_span_s is not None:
+            window = ReplicaLoadWindow(spec.report_span_s, clock=lambda: self.now, peak_window_s=spec.peak_window_s)
+        replica = _Replica(f"{name[0]}{next(self._names)}", role, core, spec.block_size, state, window)
         self.replicas[replica.replica_id] = replica
         self.pool(name).append(replica)
         if state is ReplicaState.READY:

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from deployments.planner_policy import make_planner
+from orchestrator.planner.factory import make_planner
 from orchestrator.config import AppConfig
 from orchestrator.planner.capacity import decode_capacity, prefill_service_s
 from orchestrator.planner.planner import Observation

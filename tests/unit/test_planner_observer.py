@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.planner.observer import BUCKET_KEY, ReplicaLoadWindow, pool_peak_prompt_tps
+from orchestrator.planner.observer import BUCKET_KEY, ReplicaLoadWindow, ReplicaReport, pool_peak_prompt_tps
 
 
 class Clock:
@@ -68,10 +68,11 @@ def test_a_span_shorter_than_a_bucket_reports_one_bucket():
     assert f"{BUCKET_KEY}3" not in snap and snap["peak_prompt_tps"] == 300
 
 
-def report(bucket_now: int, counts: list[float], w: float = 2.0, n: int | None = None) -> dict[str, float]:
+def report(bucket_now: int, counts: list[float], w: float = 2.0, n: int | None = None) -> ReplicaReport:
     n = len(counts) - 1 if n is None else n
-    return {"bucket_now": float(bucket_now), "peak_window_s": w, "peak_prompt_tps": max(counts[:n]) / w,
-            **{f"{BUCKET_KEY}{j}": float(c) for j, c in enumerate(counts, start=1)}}
+    return ReplicaReport.from_metrics({"bucket_now": float(bucket_now), "peak_window_s": w,
+                                       "peak_prompt_tps": max(counts[:n]) / w,
+                                       **{f"{BUCKET_KEY}{j}": float(c) for j, c in enumerate(counts, start=1)}})
 
 
 def test_the_pool_peak_adds_the_replicas_bucket_by_bucket():
@@ -101,9 +102,9 @@ def test_the_pool_peak_from_two_windows_on_one_clock():
                           (one, 104.0, 5000)):
         arrive(w, clock, at, tokens)
     clock.t = 104.3
-    first = one.snapshot()  # bucket 52: its buckets 51 = 300, 50 = 500 (the 5000 tokens in 52 not yet complete)
+    first = one.report()  # bucket 52: its buckets 51 = 300, 50 = 500 (the 5000 tokens in 52 not yet complete)
     clock.t = 106.1
-    second = two.snapshot()  # bucket 53: 52 = 0, 51 = 100, 50 = 700
+    second = two.report()  # bucket 53: 52 = 0, 51 = 100, 50 = 700
     # Shared buckets 50 and 51, the newest 2: 51 -> 300 + 100, 50 -> 500 + 700.
     assert pool_peak_prompt_tps([first, second]) == pytest.approx(1200 / 2)
-    assert first["peak_prompt_tps"] + second["peak_prompt_tps"] == pytest.approx((500 + 100) / 2)
+    assert first.peak_prompt_tps + second.peak_prompt_tps == pytest.approx((500 + 100) / 2)

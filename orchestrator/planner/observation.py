@@ -1,0 +1,69 @@
+"""The one way an interval becomes the planner's Observation: from the
+latest `ReplicaReport` of every serving replica of each pool.
+
+    requests        decode pool's arrivals/s x interval (every request reaches a decode replica)
+    mean ISL, OSL   decode pool's, weighted by each replica's arrivals
+    prefix hits     cached / prompt tokens, both pools' cache hits over the decode pool's prompt tokens
+    TTFT p99        the worst decode replica's, plus the worst prefill replica's where there is a
+                    prefill pool (a client's first token waits for both)
+    ITL p50         the mean of the decode replicas'
+    waiting         per pool, summed
+    queued tokens   the prefill pool's prompt tokens with no first token yet, summed
+    peak            the decode pool's prompt tokens/s over its busiest peak bucket (pool_peak_prompt_tps)
+
+Ray Serve's policy (deployments/planner_policy.py) reads the reports from
+the replicas' custom autoscaling metrics; the cluster simulator
+(orchestrator/sim/cluster.py) from its simulated replicas' own load windows,
+fed at the moments a Serve replica would feed its window.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator.planner.observer import ReplicaReport, pool_peak_prompt_tps
+from orchestrator.planner.planner import Observation
+
+
+def observe_pools(interval_s: float, prefill: Sequence[ReplicaReport] | None, decode: Sequence[ReplicaReport],
+                  prefill_ready: int, decode_ready: int) -> Observation:
+    """`prefill` None: aggregated serving (no prefill pool)."""
+    prefill = prefill or []
+    rate = sum(r.arrival_rate for r in decode)
+    prompt = sum(r.prompt_tokens for r in decode)
+    cached = sum(r.cached_tokens for r in decode) + sum(r.cached_tokens for r in prefill)
+    ttft = _worst(r.first_token_p99_s for r in decode)
+    prefill_ttft = _worst(r.first_token_p99_s for r in prefill)
+    if ttft is not None and prefill_ttft is not None:
+        ttft += prefill_ttft
+    itl = [r.itl_p50_s for r in decode if r.itl_p50_s is not None]
+    peak = pool_peak_prompt_tps(decode)
+    widths = [r.peak_window_s for r in decode if r.peak_window_s]
+    return Observation(
+        interval_s=interval_s,
+        requests=round(rate * interval_s),
+        mean_isl=_weighted(decode, "mean_isl"),
+        mean_osl=_weighted(decode, "mean_osl"),
+        prefix_hit_rate=min(cached / prompt, 1.0) if prompt else 0.0,
+        ttft_p99_s=ttft,
+        itl_p50_s=sum(itl) / len(itl) if itl else None,
+        prefill_replicas=prefill_ready,
+        decode_replicas=decode_ready,
+        prefill_waiting=round(sum(r.waiting for r in prefill)),
+        decode_waiting=round(sum(r.waiting for r in decode)),
+        prefill_queued_tokens=sum(r.queued_prompt_tokens for r in prefill),
+        peak_prompt_tps=peak,
+        peak_window_s=max(widths) if peak is not None and widths else None,
+    )
+
+
+def _worst(values) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def _weighted(reports: Sequence[ReplicaReport], field: str) -> float:
+    total = sum(r.arrival_rate for r in reports)
+    if not total:
+        return 0.0
+    return sum(getattr(r, field) * r.arrival_rate for r in reports) / total
