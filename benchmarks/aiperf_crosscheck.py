@@ -68,21 +68,19 @@ import resource
 import shutil
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import peers  # noqa: E402
+from benchmarks import launch, peers, report  # noqa: E402
+from benchmarks.launch import MODEL_DIR  # noqa: E402
 from tools.bench import hardware  # noqa: E402
 from tools.bench_stats import summarize  # noqa: E402
 from tools.runner import Target, run_concurrency  # noqa: E402
 from tools.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
-from orchestrator.prompts import load_tokenizer  # noqa: E402
-from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
 HF_REPO = "local/tiny-llama"
 REVISION = "0" * 40
@@ -90,56 +88,6 @@ AIPERF_VERSION = "0.13.0"
 METRICS = ("ttft_ms_p50", "ttft_ms_avg", "tpot_ms_p50", "tpot_ms_avg", "output_token_throughput", "request_throughput")
 # AIPerf's process that keeps a core busy (its process title, as /proc/<pid>/comm shows it, 15 characters).
 AIPERF_BUSY_PROCESS = "aiperf timing_m"
-
-FIXED_SERVER = r'''
-"""An OpenAI completions server whose timing is sleeps: token i (from 0) leaves at TTFT + i * ITL."""
-import asyncio, json, sys, time
-import uvicorn
-from starlette.applications import Starlette
-from starlette.responses import JSONResponse, StreamingResponse
-from starlette.routing import Route
-from tokenizers import Tokenizer
-
-port, ttft_ms, itl_ms, tokenizer_json, name = sys.argv[1:6]
-port, ttft_ms, itl_ms = int(port), float(ttft_ms), float(itl_ms)
-tokenizer = Tokenizer.from_file(tokenizer_json)
-
-
-def event(body, **fields):
-    doc = {"id": "cmpl", "object": "text_completion", "model": body.get("model"), **fields}
-    return "data: " + json.dumps(doc) + "\n\n"
-
-
-async def completions(request):
-    body = await request.json()
-    prompt = body.get("prompt")
-    n_in = len(prompt) if isinstance(prompt, list) else len(tokenizer.encode(prompt).ids)
-    n_out = int(body.get("max_tokens") or 16)
-    usage = (body.get("stream_options") or {}).get("include_usage")
-
-    async def stream():
-        start = time.perf_counter()
-        for i in range(n_out):
-            await asyncio.sleep(max(0.0, start + (ttft_ms + i * itl_ms) / 1000 - time.perf_counter()))
-            done = "length" if i == n_out - 1 else None
-            yield event(body, choices=[{"index": 0, "text": " tok", "finish_reason": done}])
-        if usage:
-            yield event(body, choices=[], usage={"prompt_tokens": n_in, "completion_tokens": n_out,
-                                                 "total_tokens": n_in + n_out})
-        yield "data: [DONE]\n\n"
-
-    return StreamingResponse(stream(), media_type="text/event-stream")
-
-
-async def models(request):
-    return JSONResponse({"object": "list", "data": [{"id": name, "object": "model"}]})
-
-
-app = Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models),
-                        Route("/health", models)])
-uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
-'''
-
 
 @contextlib.contextmanager
 def pinned(cpus: set[int] | None):
@@ -163,7 +111,7 @@ def hf_cache(home: Path) -> Path:
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(REVISION)
     for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        src = peers.MODEL_DIR / name
+        src = MODEL_DIR / name
         if src.exists():
             shutil.copy(src, snapshot / name)
     (snapshot / "config.json").write_text("{}")
@@ -172,18 +120,16 @@ def hf_cache(home: Path) -> Path:
 
 @contextlib.contextmanager
 def fixed_server(ttft_ms: float, itl_ms: float, log: Path):
-    """FIXED_SERVER in our venv's python; yields its URL."""
-    port = peers.free_port()
-    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as f:
-        f.write(FIXED_SERVER)
-    proc = subprocess.Popen([sys.executable, f.name, str(port), str(ttft_ms), str(itl_ms),
-                             str(peers.MODEL_DIR / "tokenizer.json"), "tiny-llama"],
+    """benchmarks/peer_env/fixed_server.py in our venv's python; yields its URL."""
+    port = launch.free_port()
+    proc = subprocess.Popen([sys.executable, str(launch.PEER_ENV / "fixed_server.py"), str(port), str(ttft_ms),
+                             str(itl_ms), str(MODEL_DIR / "tokenizer.json"), "tiny-llama"],
                             stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        peers.wait_http(f"http://127.0.0.1:{port}/v1/models", timeout_s=60, proc=proc)
-        yield f"http://127.0.0.1:{port}"
+        launch.wait_healthy(f"{launch.local_url(port)}/v1/models", timeout_s=60, procs=[proc])
+        yield launch.local_url(port)
     finally:
-        peers._stop(proc)
+        launch.stop(proc)
 
 
 class ProcessWatch:
@@ -335,8 +281,8 @@ def compare(rounds: list[dict]) -> dict:
             "within_5_percent": {k: abs(v - 1) <= 0.05 for k, v in ratio.items()}}
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def arguments() -> argparse.Namespace:
+    p = launch.parser(__doc__)
     p.add_argument("--isl", type=int, default=256)
     p.add_argument("--osl", type=int, default=32)
     p.add_argument("--concurrency", type=int, default=4)
@@ -351,7 +297,7 @@ def main() -> None:
                    help="request-rate ceiling (req/s) of the fair mode; far above what the server serves")
     p.add_argument("--fixed-ttft-ms", type=float, default=50.0)
     p.add_argument("--fixed-itl-ms", type=float, default=10.0)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "aiperf_crosscheck.json"))
+    p.add_argument("--out", default=str(launch.RESULTS / "aiperf_crosscheck.json"))
     p.add_argument("--merge", action="store_true",
                    help="add this run's results to those in --out (keys suffixed with --tag) instead of replacing them")
     p.add_argument("--tag", default="", help="suffix for this run's result keys, e.g. '-repeat'")
@@ -361,11 +307,14 @@ def main() -> None:
                    help="a first run of ours on a fresh server, not counted (a cold server is slower for a minute)")
     p.add_argument("--pin", action="store_true",
                    help="server on CPU 0, load generators on CPU 1 (each tool's own CPU use not taken from the server)")
-    args = p.parse_args()
+    return p.parse_args()
+
+
+def main() -> None:
+    args = arguments()
     server_cpus, client_cpus = ({0}, {1}) if args.pin else (None, None)
-    make_tiny_model(peers.MODEL_DIR)
+    tokenizer = launch.tiny_model()
     peers.ensure_venv("aiperf", [f"aiperf=={AIPERF_VERSION}"], constrained=False)
-    tokenizer = load_tokenizer(str(peers.MODEL_DIR))
     if args.prompts == "text":
         # Text the server tokenizes, as AIPerf sends: whole-word tokens, so that the length is exact.
         pool, detokenize = TokenPool.words(tokenizer), (lambda ids: tokenizer.decode(list(ids)))
@@ -426,7 +375,7 @@ def main() -> None:
     if "real" in servers:
         with contextlib.ExitStack() as stack:
             with pinned(server_cpus):
-                url = stack.enter_context(peers.ours(peers.app_args("agg-cpu.yaml"), work / "server.log"))
+                url = stack.enter_context(launch.ours(launch.app_args("agg-cpu.yaml"), work / "server.log"))
             for mode in args.real_modes.split(","):
                 alternate(url, f"real-{mode}", mode)
     doc = {"benchmark": "aiperf_crosscheck", "version": 2, "hardware": hardware(), "aiperf": AIPERF_VERSION,
@@ -440,7 +389,7 @@ def main() -> None:
            "servers": {"fixed": f"sleeps: TTFT {args.fixed_ttft_ms} ms, then a token every {args.fixed_itl_ms} ms",
                        "real": "ours, configs/agg-cpu.yaml"},
            "results": kept | results, "history": history}
-    out.write_text(json.dumps(doc, indent=2) + "\n")
+    report.write_json(out, doc)
     print(json.dumps({k: {"ratio": v["ratio_ours_over_aiperf"], "within_5_percent": v["within_5_percent"]}
                       for k, v in results.items()}, indent=2))
 

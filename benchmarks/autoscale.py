@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from benchmarks import launch, report
 from tools import workloads
 from tools.workloads import AzureTrace, RequestSpec, TokenPool, replay_offsets
 from orchestrator.config import PlannerConfig, PoolBounds, RoutingConfig, SimEngineConfig, SlaConfig
@@ -43,12 +44,11 @@ from orchestrator.planner.planner import Observation, SlaPlanner
 from orchestrator.sim.cluster import ClusterSim, ClusterSpec, ReplicaState, RequestOutcome
 from orchestrator.sim.link import LINKS
 
-TRACE_DIR = Path(__file__).resolve().parents[2] / "shared" / "traces"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workload", choices=["azure", "phases"], default="azure")
-    p.add_argument("--trace-path", default=str(TRACE_DIR / "azure_conv_2023.csv"))
+    p.add_argument("--trace-path", default=str(launch.TRACES / "azure_conv_2023.csv"))
     p.add_argument("--minutes", type=float, default=20.0, help="azure: leading minutes of the trace; phases: length")
     p.add_argument("--rate-scale", type=float, default=8.0, help="azure: times the recorded rate")
     p.add_argument("--rate", type=float, default=20.0, help="phases: mean requests/s")
@@ -382,10 +382,7 @@ def run_experiment(args: argparse.Namespace) -> int:
            "load": [{"t": t, "rate": f.request_rate, "isl": f.mean_isl, "osl": f.mean_osl}
                     for t in range(0, int(horizon), int(args.interval_s))
                     for f in [forecast(requests, t, t + args.interval_s)]]}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    plot_experiment(doc, out.with_suffix(".png"))
+    report.write(args.out, doc, plot=plot_experiment)
     print(json.dumps({name: {k: r[k] for k in ("attainment", "gpu_hours", "attainment_per_gpu_hour")}
                       for name, r in results.items()}, indent=2))
     return 0
@@ -416,12 +413,7 @@ def _map(fn: Callable[[Any], Any], items: Sequence[Any], jobs: int) -> list[Any]
 
 
 def plot_experiment(doc: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(4, 1, figsize=(12, 14), sharex=False)
+    fig, axes = report.pyplot().subplots(4, 1, figsize=(12, 14), sharex=False)
     ax_load, ax_rep, ax_att, ax_bar = axes
     load = doc["load"]
     ax_load.plot([p["t"] for p in load], [p["rate"] for p in load], color="black", label="offered req/s")
@@ -455,15 +447,11 @@ def plot_experiment(doc: dict[str, Any], path: Path) -> None:
     ax_bar.set_title("attainment and cost")
     for ax in (ax_load, ax_rep, ax_att, ax_bar):
         ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    report.save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    return run_experiment(parser.parse_args(argv))
+    return launch.main(__doc__, add_arguments, run_experiment, argv)
 
 
 if __name__ == "__main__":

@@ -22,20 +22,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import math
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from benchmarks import launch, report
 from tools.client import RequestRecord
 from tools.bench_stats import SloTerm, meets_slo, parse_slo, percentiles
 from tools.runner import Target, run_schedule
 from tools.workloads import RequestSpec, phase_requests
 from orchestrator.config import AppConfig, shipped_config
 
-ROOT = Path(__file__).resolve().parents[1]
 APP = "autoscale"
 POOLS = ("prefill_pool", "decode_pool")
 # Ray Serve's defaults for `autoscaling_config` (ray.serve.config.AutoscalingConfig).
@@ -43,7 +42,7 @@ SERVE_DEFAULT_AUTOSCALING = {"target_ongoing_requests": 2, "upscale_delay_s": 30
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-dir", default=str(Path("~/.cache/orchestrator/tiny-llama").expanduser()),
+    p.add_argument("--model-dir", default=str(launch.MODEL_DIR),
                    help="the tokenizer the frontend loads")
     p.add_argument("--minutes", type=float, default=6.0, help="length of the load; half each phase")
     p.add_argument("--rate", type=float, default=4.0, help="mean requests/s")
@@ -78,7 +77,7 @@ def app_config(policy: str, args: argparse.Namespace) -> AppConfig:
     base = dict(kv_cache__block_size=16, network__advertise_host="127.0.0.1", model__name=f"sim-{args.sim_model}",
                 prefill_pool__engine__model=args.sim_model, decode_pool__engine__model=args.sim_model, **sla)
     bounds = {"min_replicas": 1, "max_replicas": args.max_replicas}
-    config = ROOT / "configs" / "disagg-sim.yaml"
+    config = launch.CONFIGS / "disagg-sim.yaml"
     if policy == "planner":
         return shipped_config(config, args.model_dir, prefill_pool__replicas=1, decode_pool__replicas=1,
                               planner__mode="act", planner__interval_s=args.interval_s, planner__prefill=bounds,
@@ -117,28 +116,11 @@ async def _replay(base_url: str, model: str, requests: list[RequestSpec], poll_s
 
 
 def run_policy(policy: str, args: argparse.Namespace, requests: list[RequestSpec], port: int) -> dict[str, Any]:
-    from deployments.local_serve import serve_locally
-
     config = app_config(policy, args)
-    with serve_locally(config, APP, port):
-        _wait_ready(f"http://127.0.0.1:{port}")
-        records, samples, _ = asyncio.run(_replay(f"http://127.0.0.1:{port}", config.model.name, requests,
-                                                        args.poll_s))
+    # In this process: the poller reads Serve's own status. num_cpus None: Ray counts the CPUs.
+    with launch.ours(config, name=APP, in_process=True, port=port, num_cpus=None, timeout_s=300) as url:
+        records, samples, _ = asyncio.run(_replay(url, config.model.name, requests, args.poll_s))
     return summarize(policy, records, requests, samples, args)
-
-
-def _wait_ready(base_url: str, timeout_s: float = 300) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base_url}/health", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError(f"{base_url}/health not ready after {timeout_s}s")
 
 
 # -- results -----------------------------------------------------------------------------------------------------------
@@ -183,13 +165,8 @@ def summarize(policy: str, records: list[RequestRecord], requests: list[RequestS
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     runs = doc["runs"]
-    fig, axes = plt.subplots(len(runs) + 1, 1, figsize=(9, 2.6 * (len(runs) + 1)), sharex=True)
+    fig, axes = report.pyplot().subplots(len(runs) + 1, 1, figsize=(9, 2.6 * (len(runs) + 1)), sharex=True)
     first = runs[0]["intervals"]
     axes[0].plot([i["t0_s"] for i in first], [i["offered_rps"] for i in first], drawstyle="steps-post")
     axes[0].set_ylabel("offered req/s")
@@ -199,21 +176,17 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         for pool in POOLS:
             ax.plot(t, [s[pool] for s in run["samples"]], drawstyle="steps-post", label=pool)
         ax.set_ylabel("replicas")
-        ax.set_title(f"{run['policy']}: {run['attainment']:.1%} within SLO, {run['gpu_hours']:.3f} GPU-h", fontsize=9)
+        ax.set_title(f"{run['policy']}: {run['attainment']:.1%} within SLO, {run['gpu_hours']:.3f} GPU-h",
+                     fontsize=9)
         ax.legend(loc="upper right", fontsize=8)
     axes[-1].set_xlabel("seconds")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    report.save_figure(fig, path)
 
 
 def run_experiment(args: argparse.Namespace) -> int:
-    import socket
-
     requests = phase_requests(args.minutes, args.rate, _lengths(args.prefill_phase), _lengths(args.decode_phase),
                               args.seed, token_range=(10, 600))  # the tiny tokenizer's vocabulary
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = launch.free_port()
     runs = []
     for policy in args.policies.split(","):
         run = run_policy(policy, args, requests, port)
@@ -224,17 +197,13 @@ def run_experiment(args: argparse.Namespace) -> int:
            "workload": f"phases {args.prefill_phase} then {args.decode_phase}, {args.rate} req/s mean, "
                        f"{args.minutes} min", "sla": {"ttft_p99_ms": args.ttft_p99_ms, "itl_p50_ms": args.itl_p50_ms},
            "args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool))}, "runs": runs}
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(doc, indent=1))
-    plot(doc, out.with_suffix(".png"))
+    report.write_json(args.out, doc, indent=1)
+    plot(doc, Path(args.out).with_suffix(".png"))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    return run_experiment(parser.parse_args(argv))
+    return launch.main(__doc__, add_arguments, run_experiment, argv)
 
 
 if __name__ == "__main__":

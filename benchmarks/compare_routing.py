@@ -26,27 +26,24 @@ Writes benchmarks/results/compare_routing.{json,md,png}.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.peers import MODEL_DIR, app_args, ray_serve_llm, sglang_router, vllm_servers  # noqa: E402
-from benchmarks import peers  # noqa: E402
+from benchmarks import launch, peers, report  # noqa: E402
 from tools.bench import hardware, run_trace, warm_up  # noqa: E402
 from tools.bench_stats import parse_slo  # noqa: E402
 from tools.runner import Target, poisson_offsets  # noqa: E402
 from tools.workloads import LengthDist, MooncakeTrace, SyntheticWorkload, TokenPool  # noqa: E402
-from orchestrator.prompts import load_tokenizer  # noqa: E402
-from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
-TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation.jsonl"
+TRACE = launch.TRACES / "mooncake_conversation.jsonl"
 REPLICAS = 4
 SYSTEMS = ["ours-round-robin", "ours-kv-events", "ours-approximate", "sglang-cache-aware", "ray-serve-llm-prefix",
            "dynamo-kv"]
@@ -58,44 +55,29 @@ OURS_ROUTING: dict = {}  # --ours-routing overrides for experiments
 def _ours(routing: dict, kv_cache_gib: float):
     overrides = {"decode_pool__replicas": REPLICAS, "decode_pool__num_cpus": 0.25, "frontend__num_cpus": 0.25,
                  "decode_pool__engine__cpu__kv_cache_gib": kv_cache_gib}
-    overrides.update({f"routing__{k}": v for k, v in (routing | (OURS_ROUTING if routing.get("policy") != "round_robin" else {})).items()})
-    return app_args("agg-cpu.yaml", **overrides)
+    if routing.get("policy") != "round_robin":
+        routing = routing | OURS_ROUTING
+    overrides.update({f"routing__{k}": v for k, v in routing.items()})
+    return launch.app_args("agg-cpu.yaml", **overrides)
 
 
 def start(system: str, log: Path, kv_cache_gib: float):
     base = _ours({}, kv_cache_gib)
     if system == "ours-round-robin":
-        return peers.ours(_ours({"policy": "round_robin"}, kv_cache_gib), log)
+        return launch.ours(_ours({"policy": "round_robin"}, kv_cache_gib), log)
     if system == "ours-kv-events":
-        return peers.ours(_ours({"policy": "kv_aware", "kv_events": True}, kv_cache_gib), log)
+        return launch.ours(_ours({"policy": "kv_aware", "kv_events": True}, kv_cache_gib), log)
     if system == "ours-approximate":
-        return peers.ours(_ours({"policy": "kv_aware", "kv_events": False}, kv_cache_gib), log)
+        return launch.ours(_ours({"policy": "kv_aware", "kv_events": False}, kv_cache_gib), log)
     if system == "sglang-cache-aware":
-        return _sglang(base, log)
+        return peers.sglang_over_vllm(REPLICAS, base, log)
     if system == "ray-serve-llm-prefix":
-        return ray_serve_llm(base, REPLICAS, log)
+        return peers.ray_serve_llm(base, REPLICAS, log)
     if system == "dynamo-kv":
         from benchmarks.dynamo_peer import dynamo_kv
 
         return dynamo_kv(base, REPLICAS, log)
     raise ValueError(system)
-
-
-class _sglang:
-    def __init__(self, cfg, log):
-        self.cfg, self.log = cfg, log
-
-    def __enter__(self):
-        self._servers = vllm_servers(REPLICAS, self.cfg, self.log)
-        urls = self._servers.__enter__()
-        self._router = sglang_router(urls, self.log)
-        return self._router.__enter__()
-
-    def __exit__(self, *exc):
-        try:
-            self._router.__exit__(*exc)
-        finally:
-            self._servers.__exit__(*exc)
 
 
 def workload(name: str, pool: TokenPool, args) -> tuple[dict, list, float, float]:
@@ -113,7 +95,7 @@ def workload(name: str, pool: TokenPool, args) -> tuple[dict, list, float, float
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = launch.parser(__doc__)
     p.add_argument("--workloads", default="mooncake,prefix")
     p.add_argument("--requests", type=int, default=1000, help="mooncake: leading requests of the trace")
     p.add_argument("--time-scale", type=float, default=0.6, help="mooncake: <1 replays faster")
@@ -123,12 +105,11 @@ def main() -> None:
     p.add_argument("--prefix-rate", type=float, default=4.0)
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--ours-routing", nargs="*", default=[], help="routing overrides for our KV-aware systems, k=v")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compare_routing.json"))
+    p.add_argument("--out", default=str(launch.RESULTS / "compare_routing.json"))
     p.add_argument("--merge", action="store_true", help="add these systems' results to the existing --out")
     args = p.parse_args()
     OURS_ROUTING.update({k: float(v) for k, v in (kv.split("=", 1) for kv in args.ours_routing)})
-    make_tiny_model(MODEL_DIR)
-    tokenizer = load_tokenizer(str(MODEL_DIR))
+    tokenizer = launch.tiny_model()
     # SGLang's router takes text prompts only: every system gets the same text,
     # made of whole-word tokens so that it re-tokenizes to exactly these ids.
     pool = TokenPool.words(tokenizer)
@@ -164,41 +145,30 @@ def main() -> None:
             print(f"{system}: ttft p50 {r.ttft_ms['p50']:.1f} p99 {r.ttft_ms['p99']:.1f} ms, "
                   f"hit rate {r.prefix_hit_rate}, ok {r.completed}/{r.sent} {r.errors}", flush=True)
         doc["workloads"][name] = {"workload": description, "kv_cache_gib_per_replica": kv_gib, "results": results}
-        out = Path(args.out)
-        out.write_text(json.dumps(doc, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(doc))
-    plot(doc, out.with_suffix(".png"))
-    print(markdown(doc))
+        report.write_json(args.out, doc)  # after each workload: a later failure keeps this one's results
+    report.write(args.out, doc, markdown, plot)
 
 
 def markdown(doc: dict) -> str:
-    out = []
-    for workload_name, w in doc["workloads"].items():
-        out.append(f"#### {workload_name}\n\n" + _table(w["results"]))
-    return "\n".join(out)
+    """A table per workload: a row per system."""
+    return "\n".join(f"#### {name}\n\n" + _table(w["results"]) for name, w in doc["workloads"].items())
 
 
 def _table(results: dict) -> str:
-    rows = ["| system | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | prefix hit rate | goodput req/s | ok / sent |",
-            "|---|---|---|---|---|---|---|"]
-    for name, r in results.items():
+    def row(name: str, r: dict) -> list:
         if "error" in r:
-            rows.append(f"| {name} | - | - | - | - | - | failed: {r['error'][:60]} |")
-            continue
+            return [name, "-", "-", "-", "-", "-", f"failed: {r['error'][:60]}"]
         hit = "-" if r["prefix_hit_rate"] is None else f"{r['prefix_hit_rate']:.1%}"
-        rows.append(f"| {name} | {r['ttft_ms']['p50']:.1f} | {r['ttft_ms']['p99']:.1f} | {r['itl_ms']['p50']:.2f} "
-                    f"| {hit} | {r['goodput_requests']:.2f} | {r['completed']} / {r['sent']} |")
-    return "\n".join(rows) + "\n"
+        return [name, f"{r['ttft_ms']['p50']:.1f}", f"{r['ttft_ms']['p99']:.1f}", f"{r['itl_ms']['p50']:.2f}", hit,
+                f"{r['goodput_requests']:.2f}", f"{r['completed']} / {r['sent']}"]
+
+    return report.table(["system", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "prefix hit rate", "goodput req/s",
+                         "ok / sent"], [row(name, r) for name, r in results.items()])
 
 
 def plot(doc: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = list(doc["workloads"].items())
-    fig, axes = plt.subplots(len(rows), 2, figsize=(13, 4.5 * len(rows)), squeeze=False)
+    fig, axes = report.pyplot().subplots(len(rows), 2, figsize=(13, 4.5 * len(rows)), squeeze=False)
     for (workload_name, w), (ax_t, ax_h) in zip(rows, axes):
         ok = {k: v for k, v in w["results"].items() if "error" not in v}
         names = list(ok)
@@ -213,9 +183,7 @@ def plot(doc: dict, path: Path) -> None:
             ax.set_xticks(list(xs), names, rotation=20, ha="right", fontsize=8)
             ax.set_title(f"{workload_name}: {title}")
             ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    report.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -22,32 +22,30 @@ process spent over the sweep: engine cores, replicas, frontend, proxy, Ray).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import peers, process_cpu  # noqa: E402
+from benchmarks import launch, peers, process_cpu, report  # noqa: E402
 from tools.bench import BenchRun, SystemInfo, sweep, warm_up  # noqa: E402
 from tools.client import stream_completion  # noqa: E402
 from tools.bench_stats import parse_slo  # noqa: E402
 from tools.report import markdown_table, plot_sweep  # noqa: E402
 from tools.runner import Target  # noqa: E402
 from tools.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
-from orchestrator.prompts import load_tokenizer  # noqa: E402
-from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
 SYSTEMS = ["ours-disagg", "ours-agg", "vllm-dp2", "ray-serve-llm-pd"]
 # The engine build each system runs (Dynamo 1.6.1 needs vLLM 0.31).
 ENGINE_VERSION = {"dynamo-disagg": "0.31.0"}
 
 
-async def first_request(target: Target, timeout_s: float = 300) -> float:
+def first_request(target: Target, timeout_s: float = 300) -> float:
     """One short prompt (under one KV block: nothing enters the prefix cache) before any other request,
     retried until it succeeds; returns its seconds. A fresh Dynamo prefill/decode pair takes 1-31 s for its
     first request (NIXL handshake, first transfer), and a long first prompt then has timed out."""
@@ -56,49 +54,52 @@ async def first_request(target: Target, timeout_s: float = 300) -> float:
     started = time.monotonic()
     body = {"model": target.model, "prompt": list(range(10, 26)), "max_tokens": 4, "temperature": 0.0,
             "ignore_eos": True}
-    async with httpx.AsyncClient(timeout=timeout_s) as client:
-        while True:
-            record = await stream_completion(client, target.url, body)
-            if record.ok:
-                return time.monotonic() - started
-            if record.error in ("http_400", "http_422"):  # the request itself is refused: retrying will not help
-                raise RuntimeError(f"first request refused: {record.error}")
-            if time.monotonic() - started > timeout_s:
-                raise TimeoutError(f"first request: {record.error}")
-            await asyncio.sleep(2)
+
+    async def once():
+        async with httpx.AsyncClient(timeout=timeout_s) as client:
+            return await stream_completion(client, target.url, body)
+
+    def answered() -> bool:
+        record = asyncio.run(once())
+        if record.error in ("http_400", "http_422"):  # the request itself is refused: retrying will not help
+            raise RuntimeError(f"first request refused: {record.error}")
+        return record.ok
+
+    launch.wait_until(answered, "the first request answered", timeout_s)
+    return time.monotonic() - started
 
 
 def start(system: str, log: Path):
+    app_args = launch.app_args
     if system == "ours-disagg":
-        return peers.ours(peers.app_args("disagg-cpu.yaml", routing__local_prefill_max_tokens=0), log)
+        return launch.ours(app_args("disagg-cpu.yaml", routing__local_prefill_max_tokens=0), log)
     if system == "ours-agg":
-        return peers.ours(peers.app_args("agg-cpu.yaml", decode_pool__replicas=2), log)
+        return launch.ours(app_args("agg-cpu.yaml", decode_pool__replicas=2), log)
     if system == "ours-agg-rr":
-        return peers.ours(peers.app_args("agg-cpu.yaml", decode_pool__replicas=2, routing__policy="round_robin"), log)
+        return launch.ours(app_args("agg-cpu.yaml", decode_pool__replicas=2, routing__policy="round_robin"), log)
     if system == "vllm-dp2":
-        return peers.vllm_data_parallel(2, peers.app_args("agg-cpu.yaml"), log)
+        return peers.vllm_data_parallel(2, app_args("agg-cpu.yaml"), log)
     if system == "ray-serve-llm-pd":
-        return peers.ray_serve_llm_pd(peers.app_args("disagg-cpu.yaml"), log)
+        return peers.ray_serve_llm_pd(app_args("disagg-cpu.yaml"), log)
     if system == "dynamo-disagg":
         from benchmarks.dynamo_peer import dynamo_disagg
 
-        return dynamo_disagg(peers.app_args("disagg-cpu.yaml"), log)
+        return dynamo_disagg(app_args("disagg-cpu.yaml"), log)
     raise ValueError(system)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = launch.parser(__doc__)
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--concurrency", default="1,2,4,8,16,24")
     p.add_argument("--max-concurrency", type=int, default=48)
     p.add_argument("--requests-per-point", type=int, default=48)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "compare_serving.json"))
+    p.add_argument("--out", default=str(launch.RESULTS / "compare_serving.json"))
     p.add_argument("--merge", action="store_true", help="add these systems' results to the existing --out")
     p.add_argument("--label-suffix", default="",
                    help="appended to each system's label, e.g. ' (paired)' to keep a rerun next to the first rows")
     args = p.parse_args()
-    make_tiny_model(peers.MODEL_DIR)
-    pool = TokenPool.vocabulary(len(load_tokenizer(str(peers.MODEL_DIR))))
+    pool = TokenPool.vocabulary(len(launch.tiny_model()))
     workload = SyntheticWorkload(LengthDist(1024, 256, min=256, max=2048), LengthDist(64), pool, seed=11)
     slo = parse_slo(["ttft_p99_ms=2000", "itl_p50_ms=50"])
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -114,7 +115,7 @@ def main() -> None:
         try:
             with start(system, logs / f"{system}.log") as url:
                 target = Target(url, "tiny-llama")
-                print(f"  first request: {asyncio.run(first_request(target)):.1f} s", flush=True)
+                print(f"  first request: {first_request(target):.1f} s", flush=True)
                 asyncio.run(warm_up(target, workload.requests(8)))
                 label = system + args.label_suffix
                 run = BenchRun(SystemInfo(label, "tiny-llama", "float32", "vllm-cpu",
@@ -142,14 +143,18 @@ def main() -> None:
                                                                  for k, v in sorted(cpu.items())}}
         docs = [d for d in docs if d["system"]["label"] != label] + [doc]
         failures.pop(label, None)
-    out = Path(args.out)
-    out.write_text(json.dumps({"benchmark": "compare_serving", "version": 1, "systems": docs,
-                               "failures": failures}, indent=2) + "\n")
-    md = "\n".join(markdown_table(d) for d in docs) + "".join(f"\n{k}: failed ({v})\n" for k, v in failures.items())
-    out.with_suffix(".md").write_text(md)
-    if docs:
-        plot_sweep(docs, out.with_suffix(".png"))
-    print(md)
+    report.write(args.out, {"benchmark": "compare_serving", "version": 1, "systems": docs, "failures": failures},
+                 markdown, plot if docs else None)
+
+
+def markdown(doc: dict) -> str:
+    """A sweep table per system (`orchestrator bench`'s), then the systems that failed."""
+    return ("\n".join(markdown_table(d) for d in doc["systems"])
+            + "".join(f"\n{k}: failed ({v})\n" for k, v in doc["failures"].items()))
+
+
+def plot(doc: dict, path: Path) -> None:
+    plot_sweep(doc["systems"], path)
 
 
 if __name__ == "__main__":

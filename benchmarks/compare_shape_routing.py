@@ -28,31 +28,27 @@ Writes benchmarks/results/shape_routing.{json,md}.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
+import os
 import random
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
-import httpx  # noqa: E402
-from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import launch, report  # noqa: E402
 from tools.bench import hardware, warm_up  # noqa: E402
 from tools.bench_stats import parse_slo, summarize  # noqa: E402
 from tools.runner import Target, poisson_offsets, run_schedule  # noqa: E402
 from tools.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
-from orchestrator.config import shipped_config  # noqa: E402
-from orchestrator.prompts import load_tokenizer  # noqa: E402
-from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
-MODEL_DIR = Path("~/.cache/orchestrator/tiny-llama").expanduser()
-PROFILE = ROOT / "benchmarks" / "results" / "profile_tiny_cpu.json"
+PROFILE = launch.RESULTS / "profile_tiny_cpu.json"
 KV_GIB = 0.25
 VARIANTS = ("off", "round_robin", "shape")
 SHAPE = {"prefix_group": "sim", "unique_group": "primary", "min_prefix_reuse": 0.5, "min_prompt_tokens": 256}
@@ -65,8 +61,8 @@ def app_config(variant: str):
     sim = {"name": "sim", "decode_pool": {"replicas": 1, "num_cpus": 0.1, "engine": {
         "kind": "sim", "profile": str(PROFILE), "num_gpu_blocks": blocks}}}
     shape = None if variant == "off" else SHAPE | {"policy": "shape" if variant == "shape" else "round_robin"}
-    return shipped_config(ROOT / "configs" / "mixed-cpu.yaml", MODEL_DIR, prefill_pool=None,
-                          decode_pool__engine__cpu__kv_cache_gib=KV_GIB, pool_groups=[sim], routing__shape=shape)
+    return launch.app_args("mixed-cpu.yaml", prefill_pool=None, decode_pool__engine__cpu__kv_cache_gib=KV_GIB,
+                           pool_groups=[sim], routing__shape=shape)
 
 
 def workload(pool: TokenPool, n_prefix: int, n_unique: int, rate: float, osl: int):
@@ -138,50 +134,31 @@ def run_variant(base: str, variant: str, target_model: str, warmups, classes, sp
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = launch.parser(__doc__)
     p.add_argument("--prefix-requests", type=int, default=96)
     p.add_argument("--unique-requests", type=int, default=96)
     p.add_argument("--rate", type=float, default=8.0)
     p.add_argument("--osl", type=int, default=32)
     p.add_argument("--slo", nargs="*", default=["ttft_ms=250", "itl_p50_ms=40"])
     p.add_argument("--variants", default=",".join(VARIANTS))
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "shape_routing.json"))
+    p.add_argument("--out", default=str(launch.RESULTS / "shape_routing.json"))
     args = p.parse_args()
-
-    import ray
-    from ray import serve
-
-    from deployments.app import build_app
-
-    make_tiny_model(MODEL_DIR)
-    tokenizer = load_tokenizer(str(MODEL_DIR))
-    pool = TokenPool.vocabulary(len(tokenizer))
+    pool = TokenPool.vocabulary(len(launch.tiny_model()))
     description, classes, specs, offsets = workload(pool, args.prefix_requests, args.unique_requests, args.rate,
                                                     args.osl)
     warmups = SyntheticWorkload(LengthDist(200), LengthDist(8), pool, seed=99).requests(8)
     slo = parse_slo(args.slo)
     variants = args.variants.split(",")
 
-    with __import__("socket").socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    # "local": our own Ray instance, whatever else runs on this machine.
-    ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="WARNING")
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    base = f"http://127.0.0.1:{port}"
+    port = launch.free_port()
+    base = launch.local_url(port)
     doc = {"benchmark": "shape_routing", "version": 1, "hardware": hardware(), "workload": description,
            "slo": {t.key: t.limit_ms for t in slo}, "shape": SHAPE, "kv_cache_gib": KV_GIB,
-           "sim_profile": str(PROFILE.relative_to(ROOT)), "results": {}}
-    try:
-        started = time.time()
-        serve.run_many([serve.RunTarget(build_app(app_config(v)), name=v, route_prefix=f"/{v}") for v in variants],
-                       wait_for_applications_running=True)
-        for v in variants:
-            deadline = time.monotonic() + 600
-            while httpx.get(f"{base}/{v}/health", timeout=10).status_code != 200:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(v)
-                time.sleep(2)
+           "sim_profile": str(PROFILE.relative_to(launch.ROOT)), "results": {}}
+    started = time.time()
+    # No HAProxy: Serve's Python proxy, as the committed results were measured.
+    with launch.ours({v: app_config(v) for v in variants}, in_process=True, port=port, ingress=False,
+                     timeout_s=600):
         print(f"apps ready in {time.time() - started:.0f} s", flush=True)
         for v in variants:
             print(f"== {v}", flush=True)
@@ -193,37 +170,30 @@ def main() -> None:
                       f"{x['itl_ms']['p50']:.2f} ms, goodput {x['goodput_requests']:.2f} req/s, hit "
                       f"{x['prefix_hit_rate']}, ok {x['completed']}/{x['sent']}", flush=True)
             print(f"  per pool {r['requests_per_pool']}  decisions {r['shape_decisions']}", flush=True)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
-    out = Path(args.out)
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(doc))
-    print(markdown(doc))
+    report.write(args.out, doc, markdown)
 
 
 def markdown(doc: dict) -> str:
+    """A row per variant and class of request; then a row per variant: where its requests went."""
     w = doc["workload"]
-    lines = [f"Mixed workload at {w['rate']} req/s (Poisson): {w['prefix']['requests']} prefix-heavy "
-             f"({w['prefix']['num_prefixes']} shared {w['prefix']['shared_prefix_tokens']}-token prefixes, ISL "
-             f"{w['prefix']['isl']}) + {w['unique']['requests']} unique (ISL {w['unique']['isl']}), OSL "
-             f"{w['prefix']['osl']}; goodput SLO per request {doc['slo']}.",
-             "",
-             "| variant | class | TTFT p50 ms | TTFT p99 ms | ITL p50 ms | goodput req/s | prefix hit rate | ok / sent |",
-             "|---|---|---|---|---|---|---|---|"]
-    for v, r in doc["results"].items():
-        for cls in ("overall", "prefix", "unique"):
-            x = r[cls]
-            hit = "-" if x["prefix_hit_rate"] is None else f"{x['prefix_hit_rate']:.1%}"
-            lines.append(f"| {v} | {cls} | {x['ttft_ms']['p50']:.1f} | {x['ttft_ms']['p99']:.1f} | "
-                         f"{x['itl_ms']['p50']:.2f} | {x['goodput_requests']:.2f} | {hit} | "
-                         f"{x['completed']} / {x['sent']} |")
-    lines += ["", "| variant | requests per pool (engine counters) | shape decisions (group/class) |", "|---|---|---|"]
-    for v, r in doc["results"].items():
-        per_pool = ", ".join(f"{p}: {n:.0f}" for p, n in r["requests_per_pool"].items())
-        decided = ", ".join(f"{k}: {n:.0f}" for k, n in sorted(r["shape_decisions"].items())) or "-"
-        lines.append(f"| {v} | {per_pool} | {decided} |")
-    return "\n".join(lines) + "\n"
+
+    def row(v: str, cls: str, x: dict) -> list:
+        hit = "-" if x["prefix_hit_rate"] is None else f"{x['prefix_hit_rate']:.1%}"
+        return [v, cls, f"{x['ttft_ms']['p50']:.1f}", f"{x['ttft_ms']['p99']:.1f}", f"{x['itl_ms']['p50']:.2f}",
+                f"{x['goodput_requests']:.2f}", hit, f"{x['completed']} / {x['sent']}"]
+
+    classes = [row(v, cls, r[cls]) for v, r in doc["results"].items() for cls in ("overall", "prefix", "unique")]
+    routes = [[v, ", ".join(f"{p}: {n:.0f}" for p, n in r["requests_per_pool"].items()),
+               ", ".join(f"{k}: {n:.0f}" for k, n in sorted(r["shape_decisions"].items())) or "-"]
+              for v, r in doc["results"].items()]
+    return (f"Mixed workload at {w['rate']} req/s (Poisson): {w['prefix']['requests']} prefix-heavy "
+            f"({w['prefix']['num_prefixes']} shared {w['prefix']['shared_prefix_tokens']}-token prefixes, ISL "
+            f"{w['prefix']['isl']}) + {w['unique']['requests']} unique (ISL {w['unique']['isl']}), OSL "
+            f"{w['prefix']['osl']}; goodput SLO per request {doc['slo']}.\n\n"
+            + report.table(["variant", "class", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "goodput req/s",
+                            "prefix hit rate", "ok / sent"], classes)
+            + "\n" + report.table(["variant", "requests per pool (engine counters)", "shape decisions (group/class)"],
+                                   routes))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,6 @@ seconds after a warm-up. Writes benchmarks/results/cpu_engine_polling.{json,md}.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -22,18 +21,16 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import peers  # noqa: E402
+from benchmarks import launch, peers, report  # noqa: E402
+from benchmarks.launch import RESULTS  # noqa: E402
 from benchmarks.sim_validation import CpuMeter, make_workload  # noqa: E402
 from tools.bench import hardware  # noqa: E402
 from tools.bench_stats import summarize  # noqa: E402
 from tools.runner import Target, run_concurrency  # noqa: E402
-from orchestrator.prompts import load_tokenizer  # noqa: E402
-from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
 WARMUP = 8
 IDLE_S = 5.0
 
@@ -43,7 +40,7 @@ def settings(poll_us: int) -> dict[str, int | None]:
 
 
 def run_setting(poll_us: int | None, workload, levels: list[int], per_level: int, log: Path) -> dict:
-    cfg = peers.app_args("agg-cpu.yaml", decode_pool__engine__cpu__shm_poll_us=poll_us)
+    cfg = launch.app_args("agg-cpu.yaml", decode_pool__engine__cpu__shm_poll_us=poll_us)
     with peers.vllm_servers(1, cfg, log) as urls:
         target = Target(urls[0], cfg.model.name)
         meter = CpuMeter(urls[0])
@@ -59,7 +56,8 @@ def run_setting(poll_us: int | None, workload, levels: list[int], per_level: int
             out["levels"][str(c)] = {
                 "ttft_ms_p50": s["ttft_ms"]["p50"], "tpot_ms_p50": s["tpot_ms"]["p50"],
                 "request_throughput": s["request_throughput"], "ok": s["completed"],
-                "engine_cores": cpu["engine_cpu_s"] / cpu["wall_s"], "api_server_cores": cpu["api_server_cpu_s"] / cpu["wall_s"]}
+                "engine_cores": cpu["engine_cpu_s"] / cpu["wall_s"],
+                "api_server_cores": cpu["api_server_cpu_s"] / cpu["wall_s"]}
             print(f"poll={poll_us} c={c}: {json.dumps(out['levels'][str(c)])}", flush=True)
     return out
 
@@ -79,32 +77,34 @@ def ratios(runs: dict[str, list[dict]], levels: list[int]) -> dict:
 
 
 def markdown(doc: dict) -> str:
-    lines = [f"# vLLM CPU engine: shared-memory queues spinning vs polling every {doc['poll_us']} us",
-             "", f"{doc['rounds']} alternating rounds, {doc['requests_per_level']} requests per level; means over rounds "
-             "(ratio = poll / spin, mean of per-round ratios).", "",
-             "| c | TTFT p50 spin / poll (ms) | ratio | TPOT p50 spin / poll (ms) | ratio | req/s spin / poll | ratio "
-             "| engine cores spin / poll |", "|---|---|---|---|---|---|---|---|"]
-    for c, r in doc["ratio"].items():
-        def mean(setting, key):
-            return statistics.mean(run["levels"][c][key] for run in doc["runs"][setting])
-        lines.append(f"| {c} | {mean('spin', 'ttft_ms_p50'):.1f} / {mean('poll', 'ttft_ms_p50'):.1f} | {r['ttft_ms_p50']:.2f} "
-                     f"| {mean('spin', 'tpot_ms_p50'):.2f} / {mean('poll', 'tpot_ms_p50'):.2f} | {r['tpot_ms_p50']:.2f} "
-                     f"| {mean('spin', 'request_throughput'):.2f} / {mean('poll', 'request_throughput'):.2f} "
-                     f"| {r['request_throughput']:.2f} | {mean('spin', 'engine_cores'):.2f} / {mean('poll', 'engine_cores'):.2f} |")
+    """Per level: each figure spinning / polling (means over rounds) and their ratio."""
+    def mean(setting: str, c: str, key: str) -> float:
+        return statistics.mean(run["levels"][c][key] for run in doc["runs"][setting])
+
+    def both(c: str, key: str, digits: int) -> str:
+        return f"{mean('spin', c, key):.{digits}f} / {mean('poll', c, key):.{digits}f}"
+
+    rows = [[c, both(c, "ttft_ms_p50", 1), f"{r['ttft_ms_p50']:.2f}", both(c, "tpot_ms_p50", 2),
+             f"{r['tpot_ms_p50']:.2f}", both(c, "request_throughput", 2), f"{r['request_throughput']:.2f}",
+             both(c, "engine_cores", 2)] for c, r in doc["ratio"].items()]
     idle = {k: statistics.mean(run["idle_engine_cores"] for run in v) for k, v in doc["runs"].items()}
-    lines += ["", f"Idle engine (5 s after the warm-up): {idle['spin']:.2f} cores spinning, {idle['poll']:.2f} polling."]
-    return "\n".join(lines) + "\n"
+    return (f"# vLLM CPU engine: shared-memory queues spinning vs polling every {doc['poll_us']} us\n\n"
+            f"{doc['rounds']} alternating rounds, {doc['requests_per_level']} requests per level; means over rounds "
+            "(ratio = poll / spin, mean of per-round ratios).\n\n"
+            + report.table(["c", "TTFT p50 spin / poll (ms)", "ratio", "TPOT p50 spin / poll (ms)", "ratio",
+                            "req/s spin / poll", "ratio", "engine cores spin / poll"], rows)
+            + f"\nIdle engine (5 s after the warm-up): {idle['spin']:.2f} cores spinning, "
+            f"{idle['poll']:.2f} polling.\n")
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = launch.parser(__doc__)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--concurrency", default="1,2,4,16")
     p.add_argument("--requests-per-level", type=int, default=60)
     p.add_argument("--poll-us", type=int, default=50)
     args = p.parse_args()
-    make_tiny_model(peers.MODEL_DIR)
-    workload = make_workload(len(load_tokenizer(str(peers.MODEL_DIR))))
+    workload = make_workload(len(launch.tiny_model()))
     levels = [int(c) for c in args.concurrency.split(",")]
     log = RESULTS / "cpu_engine_polling.log"
     runs: dict[str, list[dict]] = {"spin": [], "poll": []}
@@ -117,10 +117,7 @@ def main() -> None:
            "load_average": {"before": load_before, "after": os.getloadavg()},
            "poll_us": args.poll_us, "rounds": args.rounds, "requests_per_level": args.requests_per_level,
            "workload": workload.describe(), "runs": runs, "ratio": ratios(runs, levels)}
-    out = RESULTS / "cpu_engine_polling.json"
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(doc))
-    print(markdown(doc))
+    report.write(RESULTS / "cpu_engine_polling.json", doc, markdown)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ requests over TCP and events over ZMQ.
 
 Engines get our pools' CPU settings (OpenMP env, dtype, block size, KV cache
 bytes, eager mode, prefix caching) and, in disaggregated mode, the same bound
-on NIXL's progress-thread poll delay as ours (see the shim below); processes
+on NIXL's progress-thread poll delay as ours (see SHIM_MODULE below); processes
 run outside the repository so that our own vLLM plugin is not picked up.
 """
 
@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -31,11 +30,13 @@ from pathlib import Path
 
 import httpx
 
-if __package__ in (None, ""):  # run as a script: make `benchmarks` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import peers  # noqa: E402
+from benchmarks import launch, peers  # noqa: E402
+from benchmarks.launch import MODEL_DIR, free_port  # noqa: E402
 from orchestrator.config import AppConfig  # noqa: E402
+from orchestrator.engines.vllm_engine import process_env  # noqa: E402
 
 DYNAMO_VERSION = "1.6.1"
 VENV_NAME = "dynamo"
@@ -78,108 +79,7 @@ SERVED_MODEL_NAME_FROM = "cfg.model.name"
 #   handshake failed.
 NIXL_PROGRESS_DELAY_ENV = "DYNAMO_PEER_NIXL_PROGRESS_DELAY_US"
 SHIM_MODULE = "_dynamo_peer_shims"
-SHIM_SOURCE = '''"""Import shims for Dynamo 1.6.1 in the benchmarks' peer venv (written by benchmarks/dynamo_peer.py)."""
-import importlib.abc
-import importlib.util
-import math
-import os
-import sys
-
-QWEN2_VL = "transformers.models.qwen2_vl.image_processing_qwen2_vl"
-NIXL = "nixl"
-NIXL_PROGRESS_DELAY_ENV = "DYNAMO_PEER_NIXL_PROGRESS_DELAY_US"
-
-
-def smart_resize(height, width, factor=28, min_pixels=56 * 56, max_pixels=14 * 14 * 4 * 1280):
-    """Qwen2-VL's rule: sides divisible by `factor`, pixel count within [min_pixels, max_pixels]."""
-    if max(height, width) / min(height, width) > 200:
-        raise ValueError(f"absolute aspect ratio must be smaller than 200, got {max(height, width) / min(height, width)}")
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def _after_qwen2_vl(module, error):
-    if not hasattr(module, "smart_resize"):
-        try:  # the same function in the module that does not need torchvision
-            from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as real
-        except Exception:  # noqa: BLE001
-            real = smart_resize
-        module.smart_resize = real
-
-
-def _after_nixl(module, error):
-    if error is not None:
-        raise error
-    delay = os.environ.get(NIXL_PROGRESS_DELAY_ENV)
-    if not delay:
-        return
-    bindings = module._api.nixlBind
-    base = bindings.nixlAgentConfig
-
-    class BoundedProgressConfig(base):
-        def __setattr__(self, name, value):
-            if name == "pthrDelay":
-                value = max(value, int(delay))
-            super().__setattr__(name, value)
-
-    bindings.nixlAgentConfig = BoundedProgressConfig
-
-
-AFTER = {QWEN2_VL: _after_qwen2_vl, NIXL: _after_nixl}
-
-
-class _Loader(importlib.abc.Loader):
-    def __init__(self, real, after):
-        self.real = real
-        self.after = after
-
-    def create_module(self, spec):
-        return None
-
-    def exec_module(self, module):
-        error = None
-        if self.real is not None:
-            try:
-                self.real.loader.exec_module(module)
-            except Exception as e:  # noqa: BLE001 - each hook decides
-                error = e
-        self.after(module, error)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        after = AFTER.get(name)
-        if after is None:
-            return None
-        sys.meta_path.remove(self)
-        try:
-            real = importlib.util.find_spec(name)
-        except Exception:  # noqa: BLE001
-            real = None
-        finally:
-            sys.meta_path.insert(0, self)
-        if real is None and name == NIXL:
-            return None
-        origin = real.origin if real is not None else None
-        spec = importlib.util.spec_from_loader(name, _Loader(real, after), origin=origin)
-        if real is not None:
-            spec.submodule_search_locations = real.submodule_search_locations
-            spec.has_location = real.has_location
-        return spec
-
-
-if not any(type(f).__name__ == "_Finder" and type(f).__module__ == __name__ for f in sys.meta_path):
-    sys.meta_path.insert(0, _Finder())
-'''
+SHIM_SOURCE = launch.PEER_ENV / "dynamo_shims.py"  # copied into the venv as SHIM_MODULE
 
 
 def _pip(python: Path, *args: str) -> None:
@@ -188,30 +88,9 @@ def _pip(python: Path, *args: str) -> None:
 
 def _wheel_requirements(python: Path, wheels: list[Path], extras: list[str]) -> list[str]:
     """Requires-Dist of `wheels` whose markers hold in the venv (base plus `extras`), less the skipped ones."""
-    script = r'''
-import json, sys, zipfile
-from email.parser import Parser
-from packaging.requirements import Requirement
-from packaging.utils import canonicalize_name
-wheels, extras, skipped = json.loads(sys.argv[1])
-skipped = {canonicalize_name(n) for n in skipped}
-out = []
-for wheel in wheels:
-    with zipfile.ZipFile(wheel) as z:
-        name = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
-        meta = Parser().parsestr(z.read(name).decode())
-    for line in meta.get_all("Requires-Dist") or []:
-        req = Requirement(line)
-        if canonicalize_name(req.name) in skipped:
-            continue
-        if req.marker is not None and not any(req.marker.evaluate({"extra": e}) for e in ["", *extras]):
-            continue
-        req.marker = None
-        out.append(str(req))
-print(json.dumps(sorted(set(out))))
-'''
     arg = json.dumps([[str(w) for w in wheels], extras, sorted(SKIPPED_REQUIREMENTS)])
-    res = subprocess.run([str(python), "-c", script, arg], check=True, capture_output=True, text=True)
+    res = subprocess.run([str(python), str(launch.PEER_ENV / "wheel_requirements.py"), arg], check=True,
+                         capture_output=True, text=True)
     return json.loads(res.stdout)
 
 
@@ -223,7 +102,8 @@ def _site_packages(python: Path) -> Path:
 
 def _write_shim(python: Path) -> None:
     site = _site_packages(python)
-    for path, text in ((site / f"{SHIM_MODULE}.py", SHIM_SOURCE), (site / f"{SHIM_MODULE}.pth", f"import {SHIM_MODULE}\n")):
+    for path, text in ((site / f"{SHIM_MODULE}.py", SHIM_SOURCE.read_text()),
+                       (site / f"{SHIM_MODULE}.pth", f"import {SHIM_MODULE}\n")):
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
 
@@ -236,7 +116,7 @@ def _ensure_venv(name: str, base_packages: list[str], extras: list[str], check: 
     python = venv / "bin" / "python"
     marker = venv / ".installed"
     if marker.exists():
-        _write_shim(python)  # cheap; keeps an existing venv's shim up to date with this file
+        _write_shim(python)  # cheap; keeps an existing venv's shim up to date with SHIM_SOURCE
         return python
     peers.PEERS_DIR.mkdir(parents=True, exist_ok=True)
     if not python.exists():
@@ -249,9 +129,7 @@ def _ensure_venv(name: str, base_packages: list[str], extras: list[str], check: 
         # The base pins again, so that pip keeps them while adding Dynamo's requirements.
         _pip(python, "install", "-q", *base_packages, *reqs)
         _pip(python, "install", "-q", "--no-deps", *map(str, wheels))
-    # PyPI's torchvision/torchaudio/torchcodec are built against another torch and break `import transformers`.
-    subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"],
-                   check=False)
+    peers.remove_mismatched_torch_extras(python)
     _write_shim(python)
     subprocess.run([str(python), "-c", f"import {check}"], check=True, cwd=venv)
     marker.write_text(" ".join([*base_packages, *DYNAMO_WHEELS]))
@@ -296,18 +174,18 @@ def _without_ours(env: dict[str, str]) -> dict[str, str]:
 def _worker_env(cfg: AppConfig, kv_dir: Path, **extra: str) -> dict[str, str]:
     """Our engines' CPU settings (OpenMP threads, no spinning) from the decode pool's config, and the same
     bound on NIXL's progress-thread poll delay as ours (`network.nixl_progress_delay_us`; see the shim)."""
-    env = _without_ours(_base_env(kv_dir) | peers.process_env(cfg.decode_pool.engine, cfg.network) | extra)
+    env = _without_ours(_base_env(kv_dir) | process_env(cfg.decode_pool.engine, cfg.network) | extra)
     if cfg.network.nixl_progress_delay_us is not None:
         env[NIXL_PROGRESS_DELAY_ENV] = str(cfg.network.nixl_progress_delay_us)
     return env
 
 
 def _engine_args(cfg: AppConfig) -> list[str]:
-    """The same engine settings as our own pools' (configs/disagg-cpu.yaml via peers.app_args)."""
+    """The same engine settings as our own pools' (configs/disagg-cpu.yaml via launch.app_args)."""
     engine = cfg.decode_pool.engine
-    args = ["--model", str(peers.MODEL_DIR), "--served-model-name", cfg.model.name, "--dtype", cfg.model.dtype,
+    args = ["--model", str(MODEL_DIR), "--served-model-name", cfg.model.name, "--dtype", cfg.model.dtype,
             "--max-model-len", str(cfg.model.max_model_len), "--block-size", str(cfg.kv_cache.block_size),
-            "--kv-cache-memory-bytes", str(int(engine.cpu.kv_cache_gib * 2**30)), "--enable-prefix-caching"]
+            "--kv-cache-memory-bytes", str(peers.kv_cache_bytes(cfg)), "--enable-prefix-caching"]
     if engine.enforce_eager:
         args.append("--enforce-eager")
     return args
@@ -315,12 +193,12 @@ def _engine_args(cfg: AppConfig) -> list[str]:
 
 def _worker(python: Path, cfg: AppConfig, kv_dir: Path, log: Path, mode: str | None = None) -> subprocess.Popen:
     """One `dynamo.vllm` worker publishing KV events on a port of its own; mode None, 'prefill' or 'decode'."""
-    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{peers.free_port()}"}
+    events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{free_port()}"}
     cmd = [str(python), "-m", "dynamo.vllm", *_engine_args(cfg), *PLANES, "--kv-events-config", json.dumps(events)]
     extra = {}
     if mode is not None:
         cmd += ["--disaggregation-mode", mode, "--kv-transfer-config", json.dumps(NIXL_KV_TRANSFER)]
-        extra = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(peers.free_port())}
+        extra = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
     with log.open("a") as f:
         f.write(f"\n=== dynamo.vllm ({mode or 'agg'}): {' '.join(cmd)}\n")
     return subprocess.Popen(cmd, env=_worker_env(cfg, kv_dir, **extra), stdout=log.open("a"),
@@ -336,29 +214,19 @@ def _frontend(python: Path, port: int, kv_dir: Path, log: Path) -> subprocess.Po
                             start_new_session=True, cwd=kv_dir.parent)
 
 
-def _stop_all(procs: list[subprocess.Popen]) -> None:
-    """SIGINT to every process group at once, then wait for each (SIGKILL after 60 s), as peers._stop does."""
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGINT)
-    for proc in procs:
-        peers._stop(proc)
+def mocker(python: Path, args: list[str], run_dir: Path, kv_dir: Path, log: Path) -> subprocess.Popen:
+    """One `dynamo.mocker` process with `args`, discovered through `kv_dir`."""
+    cmd = [str(python), "-m", "dynamo.mocker", *args]
+    with log.open("a") as f:
+        f.write(f"\n=== dynamo.mocker: {' '.join(cmd)}\n")
+    return subprocess.Popen(cmd, env=_base_env(kv_dir), stdout=log.open("a"), stderr=subprocess.STDOUT,
+                            start_new_session=True, cwd=run_dir)
 
 
-def _wait_ready(base: str, name: str, procs: list[subprocess.Popen], instances: int, kv_dir: Path,
-                timeout_s: float = 900) -> None:
-    """Until the frontend lists `name` and `instances` workers have registered in the discovery directory."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        for proc in procs:
-            if proc.poll() is not None:
-                raise RuntimeError(f"a Dynamo process ({' '.join(map(str, proc.args[1:4]))}) exited with {proc.returncode}")
-        with contextlib.suppress(httpx.HTTPError, ValueError):
-            models = httpx.get(f"{base}/v1/models", timeout=5).json().get("data", [])
-            if any(m.get("id") == name for m in models) and len(_registered_workers(kv_dir)) >= instances:
-                return
-        time.sleep(2)
-    raise TimeoutError(f"Dynamo at {base} not ready after {timeout_s} s")
+def _ready(base: str, name: str, instances: int, kv_dir: Path) -> bool:
+    """Whether the frontend lists `name` and `instances` workers have registered in the discovery directory."""
+    models = httpx.get(f"{base}/v1/models", timeout=5).json().get("data", [])
+    return any(m.get("id") == name for m in models) and len(_registered_workers(kv_dir)) >= instances
 
 
 def _registered_workers(kv_dir: Path) -> list[Path]:
@@ -368,8 +236,8 @@ def _registered_workers(kv_dir: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def _running(name: str, instances: int, prefix: str,
-             start: Callable[[list[subprocess.Popen], Path, Path, int], None]) -> Iterator[str]:
+def running(name: str, instances: int, prefix: str, start: Callable[[list[subprocess.Popen], Path, Path, int], None],
+            timeout_s: float = 900) -> Iterator[str]:
     """Dynamo processes that `start(procs, run_dir, kv_dir, port)` appends to `procs`, in a fresh run directory:
     its own working directory (not the repository: `python -m` puts the working directory on sys.path, and our
     egg-info there would register our own vLLM plugin in the peer's engines) and its own discovery directory
@@ -378,15 +246,16 @@ def _running(name: str, instances: int, prefix: str,
     run_dir = Path(tempfile.mkdtemp(prefix=prefix))
     kv_dir = run_dir / "kv"
     kv_dir.mkdir()
-    port = peers.free_port()
-    base = f"http://127.0.0.1:{port}"
+    port = free_port()
+    base = launch.local_url(port)
     procs: list[subprocess.Popen] = []
     try:
         start(procs, run_dir, kv_dir, port)
-        _wait_ready(base, name, procs, instances, kv_dir)
+        launch.wait_until(lambda: _ready(base, name, instances, kv_dir), f"Dynamo at {base} ready", timeout_s,
+                          procs=procs)
         yield base
     finally:
-        _stop_all(procs)
+        launch.stop(*procs)
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
@@ -399,7 +268,7 @@ def _launch(cfg: AppConfig, modes: list[str | None], log: Path):
         for mode in modes:
             procs.append(_worker(python, cfg, kv_dir, log, mode))
 
-    return _running(cfg.model.name, len(modes), "dynamo-run-", start)
+    return running(cfg.model.name, len(modes), "dynamo-run-", start)
 
 
 @contextlib.contextmanager
@@ -438,9 +307,9 @@ def mocker_model_dir() -> Path:
     if (out / "tokenizer.json").exists():
         return out
     out.mkdir(parents=True, exist_ok=True)
-    config = json.loads((peers.MODEL_DIR / "config.json").read_text()) | {"vocab_size": MOCKER_VOCAB}
+    config = json.loads((MODEL_DIR / "config.json").read_text()) | {"vocab_size": MOCKER_VOCAB}
     (out / "config.json").write_text(json.dumps(config))
-    template = (peers.MODEL_DIR / "chat_template.jinja").read_text()  # the frontend requires a chat template
+    template = (MODEL_DIR / "chat_template.jinja").read_text()  # the frontend requires a chat template
     (out / "chat_template.jinja").write_text(template)
     (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
                                                            "unk_token": "<unk>", "chat_template": template}))
@@ -459,16 +328,14 @@ def dynamo_mocker(model_name: str, workers: int, block_size: int, log: Path):
     python = ensure_dynamo_mocker_venv()
     model_dir = mocker_model_dir()
 
-    def start(procs: list[subprocess.Popen], run_dir: Path, kv_dir: Path, port: int) -> None:
-        mocker = [str(python), "-m", "dynamo.mocker", "--model-path", str(model_dir), "--model-name", model_name,
-                  "--block-size", str(block_size), "--num-workers", str(workers), *PLANES]
-        with log.open("a") as f:
-            f.write(f"\n=== dynamo.mocker: {' '.join(mocker)}\n")
-        procs.append(_frontend(python, port, kv_dir, log))
-        procs.append(subprocess.Popen(mocker, env=_base_env(kv_dir), stdout=log.open("a"), stderr=subprocess.STDOUT,
-                                      start_new_session=True, cwd=run_dir))
+    args = ["--model-path", str(model_dir), "--model-name", model_name, "--block-size", str(block_size),
+            "--num-workers", str(workers), *PLANES]
 
-    return _running(model_name, workers, "dynamo-mocker-", start)
+    def start(procs: list[subprocess.Popen], run_dir: Path, kv_dir: Path, port: int) -> None:
+        procs.append(_frontend(python, port, kv_dir, log))
+        procs.append(mocker(python, args, run_dir, kv_dir, log))
+
+    return running(model_name, workers, "dynamo-mocker-", start)
 
 
 # ---------------------------------------------------------------------------
@@ -603,7 +470,7 @@ def main(argv: list[str]) -> int:
     if len(argv) != 1 or argv[0] not in ("disagg", "kv"):
         print("usage: python benchmarks/dynamo_peer.py disagg|kv", file=sys.stderr)
         return 2
-    cfg = peers.app_args("disagg-cpu.yaml")
+    cfg = launch.app_args("disagg-cpu.yaml")
     t = time.monotonic()
     python = ensure_dynamo_venv()
     print(f"venv: {python} ({time.monotonic() - t:.0f} s)", flush=True)

@@ -19,27 +19,24 @@ scenario starts. Writes benchmarks/results/faults.json.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
+import os
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
 import httpx
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import peers  # noqa: E402
+from benchmarks import launch, report  # noqa: E402
 from tools.bench import hardware  # noqa: E402
 from tools.bench_stats import percentiles  # noqa: E402
 from tools.runner import Target, run_concurrency  # noqa: E402
 from tools.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
-from orchestrator.prompts import load_tokenizer  # noqa: E402
-from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
 SCENARIOS = ["none", "decode-replica-killed", "engine-core-crashed", "prefill-replica-killed"]
 APP = "orchestrator"
@@ -50,16 +47,11 @@ def pools(url: str) -> dict:
 
 
 def wait_replicas(url: str, decode: int, prefill: int, timeout_s: float = 600) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            p = pools(url)
-            if len(p.get("decode_pool", [])) >= decode and len(p.get("prefill_pool", [])) >= prefill:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(2)
-    raise TimeoutError("replicas were not replaced")
+    def replaced() -> bool:
+        p = pools(url)
+        return len(p.get("decode_pool", [])) >= decode and len(p.get("prefill_pool", [])) >= prefill
+
+    launch.wait_until(replaced, "replicas replaced", timeout_s)
 
 
 def busiest(url: str, pool: str) -> dict:
@@ -114,22 +106,21 @@ def tally(records, specs) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = launch.parser(__doc__)
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--requests", type=int, default=36)
     p.add_argument("--concurrency", type=int, default=6)
     p.add_argument("--inject-after-s", type=float, default=6.0)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "faults.json"))
+    p.add_argument("--out", default=str(launch.RESULTS / "faults.json"))
     args = p.parse_args()
-    make_tiny_model(peers.MODEL_DIR)
-    pool = TokenPool.vocabulary(len(load_tokenizer(str(peers.MODEL_DIR))))
+    pool = TokenPool.vocabulary(len(launch.tiny_model()))
     # Prompts past the local-prefill threshold, so every request takes the disaggregated path.
     workload = SyntheticWorkload(LengthDist(700), LengthDist(160), pool, seed=21)
-    cfg = peers.app_args("disagg-cpu.yaml", decode_pool__replicas=2, frontend__prefill_timeout_s=10,
+    cfg = launch.app_args("disagg-cpu.yaml", decode_pool__replicas=2, frontend__prefill_timeout_s=10,
                          network__kv_handshake_timeout_s=3)
     log = Path(args.out).with_suffix(".log")
     results = {}
-    with peers.ours(cfg, log) as url:
+    with launch.ours(cfg, log) as url:
         import ray
 
         ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
@@ -148,7 +139,7 @@ def main() -> None:
            "load": {"concurrency": args.concurrency, "requests": args.requests, "isl": 700, "osl": 160,
                     "inject_after_s": args.inject_after_s},
            "scenarios": results}
-    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    report.write_json(args.out, doc)
 
 
 if __name__ == "__main__":

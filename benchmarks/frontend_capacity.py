@@ -23,12 +23,10 @@ a time; the next round runs them in reverse order.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import os
-import platform
 import random
 import sys
 import time
@@ -39,13 +37,12 @@ from pathlib import Path
 
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import peers, process_cpu  # noqa: E402
+from benchmarks import launch, peers, process_cpu, report  # noqa: E402
 from benchmarks.process_cpu import RAY_MARKERS  # noqa: E402
-from deployments.ingress import ingress_env, stop_orphaned_haproxy  # noqa: E402
-from orchestrator.tiny_model import make_tiny_model  # noqa: E402
+from deployments.ingress import stop_orphaned_haproxy  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -152,30 +149,16 @@ def measure(target: Target, concurrency: int, seconds: float, args) -> dict:
 def ours(planes: list[str], replicas: int) -> Iterator[list[Target]]:
     """Our aggregated app on `replicas` simulated engines, once per data plane, side by side in one Ray
     instance (each app's replicas count as `other_app` while the other is measured)."""
-    import ray
-    from ray import serve
-
-    from deployments.app import build_app
-
-    port = peers.free_port()
-    ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        configs = {plane: peers.app_args("disagg-sim.yaml", prefill_pool=None, decode_pool__replicas=replicas,
-                                         frontend__max_in_flight=1024, frontend__max_ongoing_requests=2048,
-                                         frontend__data_plane=plane) for plane in planes}
-        serve.run_many([serve.RunTarget(build_app(cfg), name=plane, route_prefix=f"/{plane}")
-                        for plane, cfg in configs.items()])
+    port = launch.free_port()
+    configs = {plane: launch.app_args("disagg-sim.yaml", prefill_pool=None, decode_pool__replicas=replicas,
+                                      frontend__max_in_flight=1024, frontend__max_ongoing_requests=2048,
+                                      frontend__data_plane=plane) for plane in planes}
+    with launch.ours(configs, in_process=True, port=port, quiet=True):
         yield [Target(f"ours-{plane}", port, f"/{plane}/v1/completions", cfg.model.name,
                       (*((f"ServeReplica:{other}:", "other_app") for other in planes if other != plane),
-                       (f"ServeReplica:{plane}:frontend", "frontend"), (f"ServeReplica:{plane}:decode_pool", "replicas"),
-                       *RAY_MARKERS))
+                       (f"ServeReplica:{plane}:frontend", "frontend"),
+                       (f"ServeReplica:{plane}:decode_pool", "replicas"), *RAY_MARKERS))
                for plane, cfg in configs.items()]
-    finally:
-        with contextlib.suppress(Exception):
-            serve.shutdown()
-        ray.shutdown()
-        stop_orphaned_haproxy()
 
 
 @contextlib.contextmanager
@@ -193,8 +176,8 @@ def ray_serve_llm(model: str, replicas: int, log: Path) -> Iterator[list[Target]
     """Ray Serve LLM's OpenAI app (ingress, router, LLMServer) on `replicas` step engines."""
     with peers.ray_serve_llm_step_engines(model, replicas, log) as base:
         yield [Target("ray-serve-llm", int(base.rsplit(":", 1)[1]), "/v1/completions", model,
-                      (("ServeReplica:default:OpenAiIngress", "frontend"), ("ServeReplica:default:LLMServer", "replicas"),
-                       *RAY_MARKERS))]
+                      (("ServeReplica:default:OpenAiIngress", "frontend"),
+                       ("ServeReplica:default:LLMServer", "replicas"), *RAY_MARKERS))]
 
 
 SYSTEMS = ["ours-direct", "ours-serve", "dynamo", "ray-serve-llm"]
@@ -202,7 +185,7 @@ SYSTEMS = ["ours-direct", "ours-serve", "dynamo", "ray-serve-llm"]
 
 def launchers(systems: list[str], replicas: int, log: Path) -> list:
     """One launcher per process group to start: ours (all its data planes at once), Dynamo, Ray Serve LLM."""
-    model = peers.app_args("disagg-sim.yaml").model.name
+    model = launch.app_args("disagg-sim.yaml").model.name
     planes = [s.removeprefix("ours-") for s in systems if s.startswith("ours-")]
     out = []
     if planes:
@@ -215,7 +198,7 @@ def launchers(systems: list[str], replicas: int, log: Path) -> list:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = launch.parser(__doc__)
     p.add_argument("--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[16, 64, 256])
     p.add_argument("--seconds", type=float, default=20)
     p.add_argument("--rounds", type=int, default=2)
@@ -223,21 +206,20 @@ def main() -> None:
     p.add_argument("--isl", type=int, default=128)
     p.add_argument("--osl", type=int, default=256)
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"a subset of {SYSTEMS}")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "frontend_capacity.json"))
+    p.add_argument("--out", default=str(launch.RESULTS / "frontend_capacity.json"))
     args = p.parse_args()
     systems = args.systems.split(",")
     if unknown := set(systems) - set(SYSTEMS):
         p.error(f"unknown systems {sorted(unknown)}; choose from {SYSTEMS}")
-    os.environ.update(ingress_env())  # before Ray starts: its processes inherit it
-    make_tiny_model(peers.MODEL_DIR)
+    launch.tiny_model()
     stop_orphaned_haproxy()
     log = Path(args.out).with_suffix(".log")
     log.unlink(missing_ok=True)
     rows = []
     blocks = launchers(systems, args.replicas, log)
     for rnd in range(args.rounds):
-        for launch in (blocks if rnd % 2 == 0 else blocks[::-1]):  # rounds interleaved, the order reversed
-            with launch() as targets:
+        for start in (blocks if rnd % 2 == 0 else blocks[::-1]):  # rounds interleaved, the order reversed
+            with start() as targets:
                 for c in args.concurrency:
                     for target in (targets if rnd % 2 == 0 else targets[::-1]):
                         row = {"system": target.system, "round": rnd, **measure(target, c, args.seconds, args)}
@@ -246,7 +228,7 @@ def main() -> None:
     log.unlink(missing_ok=True)
     doc = {
         "benchmark": "frontend_capacity", "version": 2,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "machine": report.machine(),
         "setup": {"engines": f"{args.replicas} simulated aggregated engines per system: ours `kind: sim` (H100, "
                              "Llama-3.1-8B roofline); Dynamo 1.6.1's mocker (its default timing model); Ray Serve "
                              "LLM 2.60's LLMServer on benchmarks/peer_step_engine.py (one token per 5 ms step)",
@@ -256,7 +238,7 @@ def main() -> None:
                   "cpu": "user+system seconds per process from the OS over each window, summed by kind"},
         "rows": rows,
     }
-    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    report.write_json(args.out, doc)
 
 
 if __name__ == "__main__":

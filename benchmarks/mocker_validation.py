@@ -35,24 +35,21 @@ Writes benchmarks/results/mocker_validation.{json,md}.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import tools.runner as runner  # noqa: E402
-from benchmarks import dynamo_peer, peers  # noqa: E402
+from benchmarks import dynamo_peer, launch, report  # noqa: E402
+from benchmarks.launch import RESULTS  # noqa: E402
 from benchmarks.sim_validation import (  # noqa: E402
-    MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, RESULTS, compare, load_specs, make_workload, trace_requests)
+    MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, compare, load_specs, make_workload, trace_requests)
 from tools.client import RequestRecord, _content, stream_events  # noqa: E402
 from tools.bench_stats import summarize  # noqa: E402
 from tools.runner import Target, poisson_offsets, run_concurrency, run_schedule  # noqa: E402
@@ -106,36 +103,30 @@ async def stream_tokens(client, url: str, body: dict) -> RequestRecord:
     return record
 
 
-def mocker_cmd(python: Path, npz: Path, blocks: int, name: str) -> list[str]:
-    return [str(python), "-m", "dynamo.mocker", "--model-path", str(peers.MODEL_DIR), "--model-name", name,
-            *dynamo_peer.PLANES, "--engine-type", "vllm", "--block-size", "32", "--num-gpu-blocks-override", str(blocks),
-            "--max-num-seqs", str(MAX_NUM_SEQS), "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS),
-            "--max-model-len", str(MAX_MODEL_LEN), "--enable-prefix-caching", "--enable-chunked-prefill",
-            "--speedup-ratio", "1.0", "--planner-profile-data", str(npz)]
+def mocker_args(npz: Path, blocks: int, name: str) -> list[str]:
+    return ["--model-path", str(launch.MODEL_DIR), "--model-name", name, *dynamo_peer.PLANES, "--engine-type", "vllm",
+            "--block-size", "32", "--num-gpu-blocks-override", str(blocks), "--max-num-seqs", str(MAX_NUM_SEQS),
+            "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--max-model-len", str(MAX_MODEL_LEN),
+            "--enable-prefix-caching", "--enable-chunked-prefill", "--speedup-ratio", "1.0",
+            "--planner-profile-data", str(npz)]
 
 
 def run_mocker(perf: ProfileModel, name: str, warmup, by_level, rate_specs, offsets, trace, log: Path) -> dict:
+    """Dynamo's frontend and one mocker timed by `perf` (its NPZ in the run directory), through the loads."""
     python = dynamo_peer.ensure_dynamo_venv()
-    run_dir = Path(tempfile.mkdtemp(prefix="mocker-run-"))
-    kv_dir = run_dir / "kv"
-    kv_dir.mkdir()
-    npz = run_dir / "perf_data.npz"
-    npz_info = write_mocker_npz(perf, npz)
-    blocks = perf.meta["kv_capacity_tokens"] // 32
-    port = peers.free_port()
-    base = f"http://127.0.0.1:{port}"
-    procs = []
-    cmd = mocker_cmd(python, npz, blocks, name)
-    try:
+    config: dict = {}
+
+    def start(procs, run_dir: Path, kv_dir: Path, port: int) -> None:
+        npz = run_dir / "perf_data.npz"
+        args = mocker_args(npz, perf.meta["kv_capacity_tokens"] // 32, name)
+        config.update(command=["-m", "dynamo.mocker", *args], npz=write_mocker_npz(perf, npz))
         procs.append(dynamo_peer._frontend(python, port, kv_dir, log))
-        with log.open("a") as f:
-            f.write(f"\n=== dynamo.mocker: {' '.join(cmd)}\n")
-        procs.append(subprocess.Popen(cmd, env=dynamo_peer._base_env(kv_dir), stdout=log.open("a"),
-                                      stderr=subprocess.STDOUT, start_new_session=True, cwd=run_dir))
-        dynamo_peer._wait_ready(base, name, procs, 1, kv_dir, timeout_s=300)
+        procs.append(dynamo_peer.mocker(python, args, run_dir, kv_dir, log))
+
+    with dynamo_peer.running(name, 1, "mocker-run-", start, timeout_s=300) as base:
         runner.stream_completion = stream_tokens  # the runner's client, counting empty choices as tokens
         target = Target(base, name)
-        out = {"config": {"command": cmd[1:], "npz": npz_info}, "sweep": {}, "rate": None, "trace": None}
+        out = {"config": config, "sweep": {}, "rate": None, "trace": None}
         asyncio.run(run_concurrency(target, warmup, 4))  # warm-up: sim_validation's 8, not measured again
         for c, specs in by_level.items():
             records, duration = asyncio.run(run_concurrency(target, specs, c))
@@ -148,29 +139,26 @@ def run_mocker(perf: ProfileModel, name: str, warmup, by_level, rate_specs, offs
             records, duration = asyncio.run(run_schedule(target, trace, [r.arrival_s for r in trace]))
             out["trace"] = summarize(records, duration, []).to_dict()
         return out
-    finally:
-        dynamo_peer._stop_all(procs)
-        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = launch.parser(__doc__)
     p.add_argument("--validation", default=str(RESULTS / "sim_validation.json"))
     p.add_argument("--smoke", action="store_true", help="two requests through the mocker, print the events")
     p.add_argument("--report-only", action="store_true", help="rewrite the markdown from the last JSON")
     args = p.parse_args()
+    out = RESULTS / "mocker_validation.json"
     if args.report_only:
-        doc = json.loads((RESULTS / "mocker_validation.json").read_text())
-        (RESULTS / "mocker_validation.md").write_text(markdown(doc))
-        print(markdown(doc))
+        report.write(out, json.loads(out.read_text()), markdown)
         return
     prev = json.loads(Path(args.validation).read_text())
     perf = ProfileModel.load(RESULTS / prev["profile"])
-    cfg = peers.app_args("agg-cpu.yaml")
-    vocab = len(load_tokenizer(str(peers.MODEL_DIR)))
+    cfg = launch.app_args("agg-cpu.yaml")
+    vocab = len(load_tokenizer(str(launch.MODEL_DIR)))
     workload = make_workload(vocab)
     levels = [pt["concurrency"] for pt in prev["sweep"]]
-    by_level, rate_specs = load_specs(workload, levels, prev.get("requests_per_point", 40), prev.get("rate_requests", 120))
+    by_level, rate_specs = load_specs(workload, levels, prev.get("requests_per_point", 40),
+                                      prev.get("rate_requests", 120))
     offsets = poisson_offsets(len(rate_specs), prev["rate_run"]["rate"], seed=3)
     trace = trace_requests(TokenPool.vocabulary(vocab), prev["trace"]["seconds"]) if prev.get("trace_run") else []
     if args.smoke:
@@ -181,27 +169,22 @@ def main() -> None:
     if args.smoke:
         print(json.dumps(got["sweep"], indent=1)[:2000])
         return
-    rows = []
-    for pt in prev["sweep"]:
-        c = pt["concurrency"]
-        rows.append({"load": f"c={c}", "real": pt["real"], "ours": pt["sim"], "mocker": got["sweep"][c],
-                     "ours_vs_real": compare(pt["real"], pt["sim"]), "mocker_vs_real": compare(pt["real"], got["sweep"][c])})
-    rr = prev["rate_run"]
-    rows.append({"load": f"Poisson {rr['rate']} req/s", "real": rr["real"], "ours": rr["sim"], "mocker": got["rate"],
-                 "ours_vs_real": compare(rr["real"], rr["sim"]), "mocker_vs_real": compare(rr["real"], got["rate"])})
+    rows = [row(f"c={pt['concurrency']}", pt, got["sweep"][pt["concurrency"]]) for pt in prev["sweep"]]
+    rows.append(row(f"Poisson {prev['rate_run']['rate']} req/s", prev["rate_run"], got["rate"]))
     if prev.get("trace_run") and got["trace"]:
-        tr = prev["trace_run"]
-        rows.append({"load": f"Mooncake trace {prev['trace']['seconds']:.0f} s", "real": tr["real"], "ours": tr["sim"],
-                     "mocker": got["trace"], "ours_vs_real": compare(tr["real"], tr["sim"]),
-                     "mocker_vs_real": compare(tr["real"], got["trace"])})
+        rows.append(row(f"Mooncake trace {prev['trace']['seconds']:.0f} s", prev["trace_run"], got["trace"]))
     doc = {"benchmark": "mocker_validation", "version": 1, "dynamo": dynamo_peer.DYNAMO_VERSION,
            "load_average": {"before": load_before, "after": os.getloadavg()},
            "mocker": got["config"], "validation": Path(args.validation).name, "rows": rows,
            "summary": {side: summary(rows, f"{side}_vs_real") for side in ("ours", "mocker")}}
-    out = RESULTS / "mocker_validation.json"
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(doc))
-    print(markdown(doc))
+    report.write(out, doc, markdown)
+
+
+def row(load: str, measured: dict, mocker: dict) -> dict:
+    """One load: the real side and our simulator's from the validation run, the mocker's, both compared."""
+    return {"load": load, "real": measured["real"], "ours": measured["sim"], "mocker": mocker,
+            "ours_vs_real": compare(measured["real"], measured["sim"]),
+            "mocker_vs_real": compare(measured["real"], mocker)}
 
 
 def summary(rows, key) -> dict:
@@ -224,30 +207,27 @@ def _cell(cmp: dict, key: str) -> str:
     return f"{c['sim']:.1f} ({c['error'] * 100:+.0f}%)"
 
 
+METRICS = {"ttft_ms_p50": "TTFT", "tpot_ms_p50": "TPOT", "itl_ms_p50": "ITL", "e2e_ms_p50": "e2e"}
+
+
 def markdown(doc: dict) -> str:
-    lines = ["| load | TTFT p50 real ms | ours (err) | mocker (err) | TPOT p50 real ms | ours (err) | mocker (err) "
-             "| ITL p50 real ms | ours (err) | mocker (err) | e2e p50 real ms | ours (err) | mocker (err) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in doc["rows"]:
-        cells = [r["load"]]
-        for key in ("ttft_ms_p50", "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50"):
-            real = r["ours_vs_real"][key]["real"]
-            coalesced = r["ours_vs_real"][key].get("coalesced")
-            cells += ["coalesced" if coalesced else f"{real:.1f}", _cell(r["ours_vs_real"], key),
-                      _cell(r["mocker_vs_real"], key)]
-        lines.append("| " + " | ".join(cells) + " |")
-    s = doc["summary"]
+    """Per load: each metric's real p50, ours and the mocker's (error); then each side's |error| max / median."""
+    header = ["load", *(c for name in METRICS.values() for c in (f"{name} p50 real ms", "ours (err)", "mocker (err)"))]
 
-    def pct(x):
-        return "-" if x is None else f"{x * 100:.0f}%"
+    def real(cmp: dict) -> str:
+        return "coalesced" if cmp.get("coalesced") else f"{cmp['real']:.1f}"
 
-    lines += ["", "|error| at p50 over all loads, max / median:", "",
-              "| | TTFT | TPOT | ITL | e2e | throughput |", "|---|---|---|---|---|---|"]
-    for side, label in (("ours", "our simulator (profile)"), ("mocker", "Dynamo mocker (same profile)")):
-        cells = [f"{pct(s[side][m]['max_abs_error'])} / {pct(s[side][m]['median_abs_error'])}"
-                 for m in ("ttft_ms_p50", "tpot_ms_p50", "itl_ms_p50", "e2e_ms_p50", "throughput")]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [[r["load"], *(cell for key in METRICS for cell in (
+        real(r["ours_vs_real"][key]), _cell(r["ours_vs_real"], key), _cell(r["mocker_vs_real"], key)))]
+            for r in doc["rows"]]
+
+    def spread(errors: dict) -> str:
+        return f"{report.percent(errors['max_abs_error'])} / {report.percent(errors['median_abs_error'])}"
+
+    sides = [[label, *(spread(doc["summary"][side][m]) for m in (*METRICS, "throughput"))]
+             for side, label in (("ours", "our simulator (profile)"), ("mocker", "Dynamo mocker (same profile)"))]
+    return (report.table(header, rows) + "\n|error| at p50 over all loads, max / median:\n\n"
+            + report.table(["", "TTFT", "TPOT", "ITL", "e2e", "throughput"], sides))
 
 
 if __name__ == "__main__":

