@@ -3,18 +3,25 @@ simulator (virtual time), one run per autoscaling policy, same requests:
 
   planner       our SLA planner (orchestrator/planner) with its predictor,
                 looking the replicas' start-up time ahead
-  oracle        the same planner (same sizing, corrections, hysteresis) told
+  foresight     the same planner (same sizing, corrections, hysteresis) told
                 the coming load instead of predicting it: rate, ISL, OSL and
                 peak prompt tokens/s of the busier of the next interval and
-                the one after the replicas' start-up time
-  ray-default   Ray Serve's default autoscaler per pool: replicas =
-                ceil(ongoing requests / target_ongoing_requests=2), 30 s
-                up-scale delay, 600 s down-scale delay
+                the one after the replicas' start-up time. Not an optimum:
+                the planner's own sizing with perfect prediction
+  ray-default   Ray Serve's own default policy code per pool
+                (benchmarks/ray_autoscaler.py: replicas = ongoing requests /
+                target_ongoing_requests=2 averaged over 30 s, 30 s up-scale
+                delay, 600 s down-scale delay), ticking every second
   ray-tuned     the same with per-pool targets from the profile (decode: the
                 batch that holds the ITL target; prefill: 1)
   static-P+D    fixed pools; every split of the GPU counts just under and
                 over the planner's mean is tried and the best by attainment
                 per GPU-hour reported (all in results.static.tried)
+
+The planner observes the simulated replicas through the code it runs on under
+Serve: each replica keeps a Serve replica's load window, and the interval's
+Observation is built from their reports (ClusterSim.observation, i.e.
+orchestrator/planner/observation.py).
 
 Per request: SLO met = TTFT <= target and its median ITL <= target. Per run:
 attainment, GPU-hours (every replica from being asked for to being gone),
@@ -30,18 +37,19 @@ import json
 import math
 import statistics
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks import launch, report
+from benchmarks.ray_autoscaler import ray_default_controller
 from tools import workloads
 from tools.workloads import AzureTrace, RequestSpec, TokenPool, replay_offsets
 from orchestrator.config import PlannerConfig, PoolBounds, RoutingConfig, SimEngineConfig, SlaConfig
 from orchestrator.engines.sim_engine import kv_capacity_blocks, perf_model
 from orchestrator.planner.capacity import decode_batch_limit
 from orchestrator.planner.planner import Observation, SlaPlanner
-from orchestrator.sim.cluster import ClusterSim, ClusterSpec, ReplicaState, RequestOutcome
+from orchestrator.sim.cluster import ClusterSim, ClusterSpec, RequestOutcome
 from orchestrator.sim.link import LINKS
 
 
@@ -69,7 +77,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--predictor", choices=["constant", "moving_average", "kalman", "seasonal"], default="kalman")
     p.add_argument("--trend-damping", type=float, default=PlannerConfig().trend_damping,
                    help="planner, kalman predictor: damping of the trend over the look-ahead (1: undamped)")
-    p.add_argument("--policies", default="planner,oracle,ray-default,ray-tuned,static")
+    p.add_argument("--policies", default="planner,foresight,ray-default,ray-tuned,static")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     p.add_argument("--out", required=True)
@@ -94,52 +102,6 @@ def phase_requests(args: argparse.Namespace) -> list[RequestSpec]:
 
 
 # -- observation -----------------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Window:
-    """Outcomes seen so far, read one interval at a time."""
-
-    sim: ClusterSim
-    peak_window_s: float = 0.0
-    backlog: bool = True
-    seen: int = 0
-    recent: list[RequestOutcome] = field(default_factory=list)  # arrived within the last few minutes
-
-    def observe(self, t0: float, t1: float) -> Observation:
-        outcomes = list(self.sim.outcomes.values())
-        arrived = outcomes[self.seen:]
-        self.seen = len(outcomes)
-        self.recent = [o for o in self.recent if o.arrival_s > t0 - 300] + arrived
-        firsts = [o.ttft_s for o in self.recent if o.token_times and t0 <= o.token_times[0] < t1]
-        gaps = [b - a for o in self.recent for a, b in zip(o.token_times, o.token_times[1:]) if t0 <= b < t1]
-        cached = sum(o.cached_tokens for o in arrived)
-        prompt = sum(o.prompt_tokens for o in arrived)
-        return Observation(
-            interval_s=t1 - t0, requests=len(arrived),
-            mean_isl=prompt / len(arrived) if arrived else 0.0,
-            mean_osl=statistics.fmean(o.max_tokens for o in arrived) if arrived else 0.0,
-            prefix_hit_rate=cached / prompt if prompt else 0.0,
-            ttft_p99_s=_quantile(firsts, 0.99), itl_p50_s=_quantile(gaps, 0.5),
-            prefill_replicas=self.sim.count("prefill", ReplicaState.READY),
-            decode_replicas=self.sim.count("decode", ReplicaState.READY),
-            prefill_waiting=sum(r.core.num_waiting for r in self.sim.prefill),
-            decode_waiting=sum(r.core.num_waiting for r in self.sim.decode),
-            prefill_queued_tokens=queued_prompt_tokens(self.sim) if self.backlog else 0.0,
-            peak_prompt_tps=peak_prompt_tps([(o.arrival_s, o.prompt_tokens) for o in arrived], t0, t1,
-                                            self.peak_window_s),
-            peak_window_s=self.peak_window_s or None)
-
-
-def queued_prompt_tokens(sim: ClusterSim) -> float:
-    """Prompt tokens the prefill engines have still to compute (queued, or
-    part-way through a chunked prefill)."""
-    total = 0
-    for replica in sim.prefill:
-        core = replica.core
-        total += sum(len(r.prompt) for r in core.waiting)
-        total += sum(len(r.prompt) - r.seq.computed_tokens for r in core.running if not r.generated and r.seq)
-    return float(total)
 
 
 def peak_prompt_tps(arrivals: Sequence[tuple[float, int]], t0: float, t1: float, window_s: float) -> float | None:
@@ -182,12 +144,14 @@ def planner_controller(planner: SlaPlanner, interval_s: float, startup_s: float,
                        requests: Sequence[RequestSpec] | None = None, peak_window_s: float = 0.0,
                        backlog: bool = True) -> Callable[[ClusterSim], Controller]:
     def make(sim: ClusterSim) -> Controller:
-        window = Window(sim, peak_window_s, backlog)
-
         def control(sim: ClusterSim) -> None:
-            obs = window.observe(sim.now - interval_s, sim.now)
+            obs = sim.observation(interval_s)  # what the Serve policy would build from the same replicas
+            if not backlog:
+                obs = replace(obs, prefill_queued_tokens=0.0)
+            if peak_window_s <= 0:
+                obs = replace(obs, peak_prompt_tps=None, peak_window_s=None)
             ahead = None
-            if requests is not None:  # the oracle: the busier of the next interval and the one after start-up
+            if requests is not None:  # foresight: the busier of the next interval and the one after start-up
                 ahead = [forecast(requests, sim.now + d, sim.now + d + interval_s, peak_window_s)
                          for d in (0.0, startup_s)]
             decision = planner.step(obs, ahead)
@@ -205,43 +169,16 @@ def planner_controller(planner: SlaPlanner, interval_s: float, startup_s: float,
     return make
 
 
-def ray_controller(targets: dict[str, float], interval_s: float, startup_s: float, max_replicas: int,
-                   log: list[dict], upscale_delay_s: float = 30.0,
-                   downscale_delay_s: float = 600.0) -> Callable[[ClusterSim], Controller]:
-    """Ray Serve's default policy: desired = ceil(ongoing / target), applied
-    once it has held for the up- or down-scale delay."""
-    def make(sim: ClusterSim) -> Controller:
-        since: dict[str, tuple[int, float]] = {}
-
-        def control(sim: ClusterSim) -> None:
-            for name, target in targets.items():
-                ready = [r for r in sim.pool(name) if r.state is ReplicaState.READY]
-                ongoing = sum(r.inflight for r in ready)
-                current = sim.count(name, ReplicaState.STARTING, ReplicaState.READY)
-                desired = min(max(math.ceil(ongoing / target), 1), max_replicas)
-                direction = (desired > current) - (desired < current)
-                first, started = since.get(name, (0, sim.now))
-                if direction != first:
-                    since[name] = (direction, sim.now)
-                    started = sim.now
-                delay = upscale_delay_s if direction > 0 else downscale_delay_s
-                if direction and sim.now - started >= delay - 1e-9:
-                    sim.resize(name, desired, startup_s)
-                    since[name] = (0, sim.now)
-            log.append({"t": sim.now, "prefill": sim.count("prefill"), "decode": sim.count("decode")})
-        return control
-    return make
-
-
 # -- one run ----------------------------------------------------------------------------------------------------------
 
 
 def run_policy(spec: ClusterSpec, engine: SimEngineConfig, requests: Sequence[RequestSpec], horizon_s: float,
                interval_s: float, controller: Callable[[ClusterSim], Controller] | None, sla: SlaConfig,
-               seed: int) -> dict[str, Any]:
+               seed: int, tick_s: float | None = None) -> dict[str, Any]:
+    """`tick_s`: how often the controller runs (default: once an interval)."""
     sim = ClusterSim(spec, perf_model(engine), LINKS[engine.link], seed=seed)
     if controller is not None:
-        sim.every(interval_s, controller(sim), horizon_s)
+        sim.every(tick_s or interval_s, controller(sim), horizon_s)
     outcomes = sim.run(requests)
     return summarize_run(outcomes, sim.gpu_seconds, sla, interval_s)
 
@@ -306,11 +243,13 @@ def run_experiment(args: argparse.Namespace) -> int:
     bounds = PoolBounds(min_replicas=1, max_replicas=args.max_replicas)
 
     def spec(prefill: int, decode: int) -> ClusterSpec:
-        return ClusterSpec(prefill, decode, blocks, block_size, routing=RoutingConfig(), kv_event_delay_s=0.002)
+        return ClusterSpec(prefill, decode, blocks, block_size, routing=RoutingConfig(), kv_event_delay_s=0.002,
+                           report_span_s=args.interval_s, peak_window_s=peak_window or PlannerConfig().peak_window_s)
 
     lookahead = args.startup_s if args.lookahead_s is None else args.lookahead_s
     scale_down = max(1, round(args.scale_down_s / args.interval_s))
     peak_window = args.peak_window_s
+    ray_tick_s = 1.0
 
     def planner(initial: tuple[int, int] = (1, 1)) -> SlaPlanner:
         config = PlannerConfig(mode="act", interval_s=args.interval_s, predictor=args.predictor, prefill=bounds,
@@ -327,23 +266,26 @@ def run_experiment(args: argparse.Namespace) -> int:
 
     def run_named(name: str) -> tuple[dict[str, Any], list[dict]]:
         log: list[dict] = []
+        tick = None
         if name == "planner":
             controller = planner_controller(planner(initial), args.interval_s, args.startup_s, log,
                                             peak_window_s=peak_window, backlog=not args.no_backlog)
-        elif name == "oracle":
+        elif name == "foresight":
             controller = planner_controller(planner(initial), args.interval_s, args.startup_s, log, requests,
                                             peak_window_s=peak_window, backlog=not args.no_backlog)
         elif name == "ray-default":
-            controller = ray_controller({"prefill": 2, "decode": 2}, args.interval_s, args.startup_s,
-                                        args.max_replicas, log)
+            controller = ray_default_controller({"prefill": 2, "decode": 2}, args.startup_s, args.max_replicas, log)
+            tick = ray_tick_s
         elif name == "ray-tuned":
             context = statistics.fmean(len(r.prompt_token_ids) + r.max_tokens / 2 for r in requests)
             batch = decode_batch_limit(perf, context, args.itl_p50_ms / 1000, blocks * block_size, 256)
-            controller = ray_controller({"prefill": 1, "decode": max(batch, 1)}, args.interval_s, args.startup_s,
-                                        args.max_replicas, log)
+            controller = ray_default_controller({"prefill": 1, "decode": max(batch, 1)}, args.startup_s,
+                                                args.max_replicas, log)
+            tick = ray_tick_s
         else:
             raise SystemExit(f"unknown policy {name!r}")
-        result = run_policy(spec(*initial), engine, requests, horizon, args.interval_s, controller, sla, args.seed)
+        result = run_policy(spec(*initial), engine, requests, horizon, args.interval_s, controller, sla, args.seed,
+                            tick)
         print(f"{name}: {json.dumps({k: v for k, v in result.items() if k != 'per_interval'})}", flush=True)
         return result, log
 
