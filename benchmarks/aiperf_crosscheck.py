@@ -89,6 +89,7 @@ METRICS = ("ttft_ms_p50", "ttft_ms_avg", "tpot_ms_p50", "tpot_ms_avg", "output_t
 # AIPerf's process that keeps a core busy (its process title, as /proc/<pid>/comm shows it, 15 characters).
 AIPERF_BUSY_PROCESS = "aiperf timing_m"
 
+
 @contextlib.contextmanager
 def pinned(cpus: set[int] | None):
     """Processes started inside run on `cpus` (None: no change); this process returns to its CPUs after."""
@@ -122,9 +123,20 @@ def hf_cache(home: Path) -> Path:
 def fixed_server(ttft_ms: float, itl_ms: float, log: Path):
     """benchmarks/peer_env/fixed_server.py in our venv's python; yields its URL."""
     port = launch.free_port()
-    proc = subprocess.Popen([sys.executable, str(launch.PEER_ENV / "fixed_server.py"), str(port), str(ttft_ms),
-                             str(itl_ms), str(MODEL_DIR / "tokenizer.json"), "tiny-llama"],
-                            stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(launch.PEER_ENV / "fixed_server.py"),
+            str(port),
+            str(ttft_ms),
+            str(itl_ms),
+            str(MODEL_DIR / "tokenizer.json"),
+            "tiny-llama",
+        ],
+        stdout=log.open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         launch.wait_healthy(f"{launch.local_url(port)}/v1/models", timeout_s=60, procs=[proc])
         yield launch.local_url(port)
@@ -178,24 +190,63 @@ class ProcessWatch:
 
 def run_aiperf(url: str, args, out_dir: Path, hf_home: Path, mode: str, concurrency: int, seed: int) -> dict:
     aiperf = peers.PEERS_DIR / "aiperf" / "bin" / "aiperf"
-    cmd = [str(aiperf), "profile", "--model", "tiny-llama", "--url", url, "--endpoint-type", "completions",
-           "--streaming", "--concurrency", str(concurrency), "--request-count", str(args.requests),
-           "--synthetic-input-tokens-mean", str(args.isl), "--synthetic-input-tokens-stddev", "0",
-           "--output-tokens-mean", str(args.osl), "--output-tokens-stddev", "0",
-           "--extra-inputs", "ignore_eos:true", "--extra-inputs", "min_tokens:" + str(args.osl),
-           "--extra-inputs", "temperature:0",  # greedy, as our harness sends
-           "--tokenizer", HF_REPO, "--artifact-dir", str(out_dir), "--warmup-request-count", "4",
-           # A new seed every run, as ours: the same seed gives the same prompts, and the server's
-           # prefix cache (524k tokens) still holds the last run's, so its TTFT would be a cache hit's.
-           "--random-seed", str(seed), "--num-dataset-entries", str(args.requests + 4),
-           # Count tokens from the server's usage, as our harness does: re-tokenizing the
-           # streamed text with a 618-word vocabulary gives other counts than the ids generated.
-           "--use-server-token-count"]
+    cmd = [
+        str(aiperf),
+        "profile",
+        "--model",
+        "tiny-llama",
+        "--url",
+        url,
+        "--endpoint-type",
+        "completions",
+        "--streaming",
+        "--concurrency",
+        str(concurrency),
+        "--request-count",
+        str(args.requests),
+        "--synthetic-input-tokens-mean",
+        str(args.isl),
+        "--synthetic-input-tokens-stddev",
+        "0",
+        "--output-tokens-mean",
+        str(args.osl),
+        "--output-tokens-stddev",
+        "0",
+        "--extra-inputs",
+        "ignore_eos:true",
+        "--extra-inputs",
+        "min_tokens:" + str(args.osl),
+        "--extra-inputs",
+        "temperature:0",  # greedy, as our harness sends
+        "--tokenizer",
+        HF_REPO,
+        "--artifact-dir",
+        str(out_dir),
+        "--warmup-request-count",
+        "4",
+        # A new seed every run, as ours: the same seed gives the same prompts, and the server's
+        # prefix cache (524k tokens) still holds the last run's, so its TTFT would be a cache hit's.
+        "--random-seed",
+        str(seed),
+        "--num-dataset-entries",
+        str(args.requests + 4),
+        # Count tokens from the server's usage, as our harness does: re-tokenizing the
+        # streamed text with a 618-word vocabulary gives other counts than the ids generated.
+        "--use-server-token-count",
+    ]
     if mode in ("fair", "niced"):
         # One HTTP worker and one record processor (ours is one process), no polling of the server's
         # /metrics or of a GPU exporter while timing (ours does neither), no console UI.
-        cmd += ["--workers-max", "1", "--record-processors", "1", "--no-server-metrics", "--no-gpu-telemetry",
-                "--ui", "none"]
+        cmd += [
+            "--workers-max",
+            "1",
+            "--record-processors",
+            "1",
+            "--no-server-metrics",
+            "--no-gpu-telemetry",
+            "--ui",
+            "none",
+        ]
     if mode == "fair":
         # With --concurrency alone AIPerf issues credits in its CONCURRENCY_BURST mode: a zero-interval loop
         # in the timing manager that, while every slot is busy, retries after `await asyncio.sleep(0)`:
@@ -204,9 +255,15 @@ def run_aiperf(url: str, args, out_dir: Path, hf_home: Path, mode: str, concurre
         # the same closed loop (a freed slot is refilled within 1 ms), without the spinning core.
         cmd += ["--request-rate", str(args.fair_rate), "--request-rate-mode", "constant"]
     # Start-up on 2 busy cores can take longer than AIPerf's 30 s registration timeout.
-    env = {**os.environ, "HF_HOME": str(hf_home), "HF_HUB_OFFLINE": "1", "AIPERF_SERVICE_REGISTRATION_TIMEOUT": "300",
-           "AIPERF_SERVICE_REGISTRATION_MAX_ATTEMPTS": "300", "AIPERF_SERVICE_START_TIMEOUT": "300",
-           "AIPERF_SERVICE_PROFILE_CONFIGURE_TIMEOUT": "600"}
+    env = {
+        **os.environ,
+        "HF_HOME": str(hf_home),
+        "HF_HUB_OFFLINE": "1",
+        "AIPERF_SERVICE_REGISTRATION_TIMEOUT": "300",
+        "AIPERF_SERVICE_REGISTRATION_MAX_ATTEMPTS": "300",
+        "AIPERF_SERVICE_START_TIMEOUT": "300",
+        "AIPERF_SERVICE_PROFILE_CONFIGURE_TIMEOUT": "600",
+    }
     with (out_dir.parent / f"{out_dir.name}.log").open("w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
         with ProcessWatch(proc.pid, renice=AIPERF_BUSY_PROCESS if mode == "niced" else None) as watch:
@@ -250,8 +307,10 @@ def _load_shape(jsonl: Path) -> dict:
         if later:
             gaps.append(later[0] - end)
     gaps.sort()
-    return {"mean_in_flight": busy / (max(ends) - min(starts)),
-            "end_to_next_send_ms_p50": gaps[len(gaps) // 2] * 1000 if gaps else None}
+    return {
+        "mean_in_flight": busy / (max(ends) - min(starts)),
+        "end_to_next_send_ms_p50": gaps[len(gaps) // 2] * 1000 if gaps else None,
+    }
 
 
 def run_ours(url: str, args, pool: TokenPool, seed: int, concurrency: int, detokenize=None) -> dict:
@@ -265,11 +324,17 @@ def run_ours(url: str, args, pool: TokenPool, seed: int, concurrency: int, detok
     tpots = [((x.e2e_s - x.ttft_s) / (x.output_tokens - 1)) * 1000 for x in records if x.ok and x.output_tokens > 1]
     busy = sum(x.e2e_s for x in records if x.ok)
     return {
-        "ttft_ms_p50": r.ttft_ms["p50"], "ttft_ms_avg": r.ttft_ms["mean"],
-        "tpot_ms_p50": r.tpot_ms["p50"], "tpot_ms_avg": sum(tpots) / len(tpots),
-        "output_token_throughput": r.output_token_throughput, "request_throughput": r.request_throughput,
-        "isl_mean": r.prompt_tokens / max(r.completed, 1), "osl_mean": r.output_tokens / max(r.completed, 1),
-        "duration_s": duration, "mean_in_flight": busy / duration, "failed": r.failed,
+        "ttft_ms_p50": r.ttft_ms["p50"],
+        "ttft_ms_avg": r.ttft_ms["mean"],
+        "tpot_ms_p50": r.tpot_ms["p50"],
+        "tpot_ms_avg": sum(tpots) / len(tpots),
+        "output_token_throughput": r.output_token_throughput,
+        "request_throughput": r.request_throughput,
+        "isl_mean": r.prompt_tokens / max(r.completed, 1),
+        "osl_mean": r.output_tokens / max(r.completed, 1),
+        "duration_s": duration,
+        "mean_in_flight": busy / duration,
+        "failed": r.failed,
         "cpu_s": {"harness": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 2)},
     }
 
@@ -277,8 +342,12 @@ def run_ours(url: str, args, pool: TokenPool, seed: int, concurrency: int, detok
 def compare(rounds: list[dict]) -> dict:
     mean = {side: {k: sum(r[side][k] for r in rounds) / len(rounds) for k in METRICS} for side in ("ours", "aiperf")}
     ratio = {k: mean["ours"][k] / mean["aiperf"][k] for k in METRICS}
-    return {"rounds": rounds, "mean": mean, "ratio_ours_over_aiperf": ratio,
-            "within_5_percent": {k: abs(v - 1) <= 0.05 for k, v in ratio.items()}}
+    return {
+        "rounds": rounds,
+        "mean": mean,
+        "ratio_ours_over_aiperf": ratio,
+        "within_5_percent": {k: abs(v - 1) <= 0.05 for k, v in ratio.items()},
+    }
 
 
 def arguments() -> argparse.Namespace:
@@ -289,24 +358,45 @@ def arguments() -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=200)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--servers", default="fixed,real", help="fixed and/or real")
-    p.add_argument("--real-modes", default="fair,as-shipped",
-                   help="AIPerf set-ups against the real server: fair (1 worker, no scraping, a 1 ms request-rate "
-                        "tick instead of its busy loop), niced (1 worker, no scraping, busy loop at nice 19), "
-                        "as-shipped (its defaults)")
-    p.add_argument("--fair-rate", type=float, default=1000.0,
-                   help="request-rate ceiling (req/s) of the fair mode; far above what the server serves")
+    p.add_argument(
+        "--real-modes",
+        default="fair,as-shipped",
+        help="AIPerf set-ups against the real server: fair (1 worker, no scraping, a 1 ms request-rate "
+        "tick instead of its busy loop), niced (1 worker, no scraping, busy loop at nice 19), "
+        "as-shipped (its defaults)",
+    )
+    p.add_argument(
+        "--fair-rate",
+        type=float,
+        default=1000.0,
+        help="request-rate ceiling (req/s) of the fair mode; far above what the server serves",
+    )
     p.add_argument("--fixed-ttft-ms", type=float, default=50.0)
     p.add_argument("--fixed-itl-ms", type=float, default=10.0)
     p.add_argument("--out", default=str(launch.RESULTS / "aiperf_crosscheck.json"))
-    p.add_argument("--merge", action="store_true",
-                   help="add this run's results to those in --out (keys suffixed with --tag) instead of replacing them")
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="add this run's results to those in --out (keys suffixed with --tag) instead of replacing them",
+    )
     p.add_argument("--tag", default="", help="suffix for this run's result keys, e.g. '-repeat'")
-    p.add_argument("--prompts", choices=["text", "ids"], default="text",
-                   help="what our harness sends: text (as AIPerf does; the server tokenizes it) or token ids")
-    p.add_argument("--warm-up-requests", type=int, default=100,
-                   help="a first run of ours on a fresh server, not counted (a cold server is slower for a minute)")
-    p.add_argument("--pin", action="store_true",
-                   help="server on CPU 0, load generators on CPU 1 (each tool's own CPU use not taken from the server)")
+    p.add_argument(
+        "--prompts",
+        choices=["text", "ids"],
+        default="text",
+        help="what our harness sends: text (as AIPerf does; the server tokenizes it) or token ids",
+    )
+    p.add_argument(
+        "--warm-up-requests",
+        type=int,
+        default=100,
+        help="a first run of ours on a fresh server, not counted (a cold server is slower for a minute)",
+    )
+    p.add_argument(
+        "--pin",
+        action="store_true",
+        help="server on CPU 0, load generators on CPU 1 (each tool's own CPU use not taken from the server)",
+    )
     return p.parse_args()
 
 
@@ -347,10 +437,11 @@ def main() -> None:
             # Alternate who goes first (ours, AIPerf, AIPerf, ours, ...): a server drifting over the run
             # favours neither.
             with pinned(client_cpus):
-                def ours():
+
+                def ours(i=i):
                     return run_ours(url, args, pool, seed=i, concurrency=args.concurrency, detokenize=detokenize)
 
-                def theirs():
+                def theirs(i=i):
                     return run_aiperf(url, args, work / f"{key}-{i}", hf_home, mode, args.concurrency, seed=1000 + i)
 
                 if i % 2 == 0:
@@ -366,32 +457,64 @@ def main() -> None:
     if "fixed" in servers:
         with contextlib.ExitStack() as stack:
             with pinned(server_cpus):
-                url = stack.enter_context(fixed_server(args.fixed_ttft_ms, args.fixed_itl_ms, work / "fixed-server.log"))
+                url = stack.enter_context(
+                    fixed_server(args.fixed_ttft_ms, args.fixed_itl_ms, work / "fixed-server.log")
+                )
             alternate(url, "fixed-fair", "fair")
             results["fixed-fair" + args.tag]["expected"] = {
-                "ttft_ms": args.fixed_ttft_ms, "tpot_ms": args.fixed_itl_ms,
-                "request_throughput_upper_bound": args.concurrency * 1000
-                / (args.fixed_ttft_ms + (args.osl - 1) * args.fixed_itl_ms)}
+                "ttft_ms": args.fixed_ttft_ms,
+                "tpot_ms": args.fixed_itl_ms,
+                "request_throughput_upper_bound": args.concurrency
+                * 1000
+                / (args.fixed_ttft_ms + (args.osl - 1) * args.fixed_itl_ms),
+            }
     if "real" in servers:
         with contextlib.ExitStack() as stack:
             with pinned(server_cpus):
                 url = stack.enter_context(launch.ours(launch.app_args("agg-cpu.yaml"), work / "server.log"))
             for mode in args.real_modes.split(","):
                 alternate(url, f"real-{mode}", mode)
-    doc = {"benchmark": "aiperf_crosscheck", "version": 2, "hardware": hardware(), "aiperf": AIPERF_VERSION,
-           "workload": {"isl": args.isl, "osl": args.osl, "concurrency": args.concurrency, "requests": args.requests,
-                        "prompts": (f"ours: {args.prompts} ({'whole-word tokens as text' if args.prompts == 'text' else 'random token ids'}); "
-                                    "AIPerf: its synthetic text of the same token count"),
-                        "warm_up_requests": args.warm_up_requests, "order": "alternating (ours first in even rounds)",
-                        "ignore_eos": True, "temperature": 0, "endpoint": "/v1/completions, streaming",
-                        "pinned": {"server_cpus": sorted(server_cpus), "load_generator_cpus": sorted(client_cpus)}
-                        if args.pin else None},
-           "servers": {"fixed": f"sleeps: TTFT {args.fixed_ttft_ms} ms, then a token every {args.fixed_itl_ms} ms",
-                       "real": "ours, configs/agg-cpu.yaml"},
-           "results": kept | results, "history": history}
+    doc = {
+        "benchmark": "aiperf_crosscheck",
+        "version": 2,
+        "hardware": hardware(),
+        "aiperf": AIPERF_VERSION,
+        "workload": {
+            "isl": args.isl,
+            "osl": args.osl,
+            "concurrency": args.concurrency,
+            "requests": args.requests,
+            "prompts": (
+                f"ours: {args.prompts} "
+                f"({'whole-word tokens as text' if args.prompts == 'text' else 'random token ids'}); "
+                "AIPerf: its synthetic text of the same token count"
+            ),
+            "warm_up_requests": args.warm_up_requests,
+            "order": "alternating (ours first in even rounds)",
+            "ignore_eos": True,
+            "temperature": 0,
+            "endpoint": "/v1/completions, streaming",
+            "pinned": {"server_cpus": sorted(server_cpus), "load_generator_cpus": sorted(client_cpus)}
+            if args.pin
+            else None,
+        },
+        "servers": {
+            "fixed": f"sleeps: TTFT {args.fixed_ttft_ms} ms, then a token every {args.fixed_itl_ms} ms",
+            "real": "ours, configs/agg-cpu.yaml",
+        },
+        "results": kept | results,
+        "history": history,
+    }
     report.write_json(out, doc)
-    print(json.dumps({k: {"ratio": v["ratio_ours_over_aiperf"], "within_5_percent": v["within_5_percent"]}
-                      for k, v in results.items()}, indent=2))
+    print(
+        json.dumps(
+            {
+                k: {"ratio": v["ratio_ours_over_aiperf"], "within_5_percent": v["within_5_percent"]}
+                for k, v in results.items()
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

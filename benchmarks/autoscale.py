@@ -43,15 +43,14 @@ from typing import Any
 
 from benchmarks import launch, report
 from benchmarks.ray_autoscaler import ray_default_controller
-from tools import workloads
-from tools.workloads import AzureTrace, RequestSpec, TokenPool, replay_offsets
 from orchestrator.config import PlannerConfig, PoolBounds, RoutingConfig, SimEngineConfig, SlaConfig
 from orchestrator.engines.sim_engine import kv_capacity_blocks, perf_model
 from orchestrator.planner.capacity import decode_batch_limit
 from orchestrator.planner.planner import Observation, SlaPlanner
 from orchestrator.sim.cluster import ClusterSim, ClusterSpec, RequestOutcome
 from orchestrator.sim.link import LINKS
-
+from tools import workloads
+from tools.workloads import AzureTrace, RequestSpec, TokenPool, replay_offsets
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -67,16 +66,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval-s", type=float, default=30.0)
     p.add_argument("--startup-s", type=float, default=30.0, help="a new replica's model load time")
     p.add_argument("--max-replicas", type=int, default=16, help="per pool")
-    p.add_argument("--scale-down-s", type=float, default=90.0,
-                   help="planner: seconds of asking for fewer before a pool shrinks (rounded to intervals)")
-    p.add_argument("--lookahead-s", type=float, default=None,
-                   help="planner: predict this far past the next interval (default: --startup-s; 0: next only)")
-    p.add_argument("--peak-window-s", type=float, default=PlannerConfig().peak_window_s,
-                   help="planner: window of the peak prompt tokens/s it sizes prefill for (0: mean load only)")
+    p.add_argument(
+        "--scale-down-s",
+        type=float,
+        default=90.0,
+        help="planner: seconds of asking for fewer before a pool shrinks (rounded to intervals)",
+    )
+    p.add_argument(
+        "--lookahead-s",
+        type=float,
+        default=None,
+        help="planner: predict this far past the next interval (default: --startup-s; 0: next only)",
+    )
+    p.add_argument(
+        "--peak-window-s",
+        type=float,
+        default=PlannerConfig().peak_window_s,
+        help="planner: window of the peak prompt tokens/s it sizes prefill for (0: mean load only)",
+    )
     p.add_argument("--no-backlog", action="store_true", help="planner: ignore prompt tokens queued for prefill")
     p.add_argument("--predictor", choices=["constant", "moving_average", "kalman", "seasonal"], default="kalman")
-    p.add_argument("--trend-damping", type=float, default=PlannerConfig().trend_damping,
-                   help="planner, kalman predictor: damping of the trend over the look-ahead (1: undamped)")
+    p.add_argument(
+        "--trend-damping",
+        type=float,
+        default=PlannerConfig().trend_damping,
+        help="planner, kalman predictor: damping of the trend over the look-ahead (1: undamped)",
+    )
     p.add_argument("--policies", default="planner,foresight,ray-default,ray-tuned,static")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
@@ -126,12 +141,16 @@ def _quantile(values: list[float], q: float) -> float | None:
 def forecast(requests: Sequence[RequestSpec], t0: float, t1: float, peak_window_s: float = 0.0) -> Observation:
     window = [r for r in requests if t0 <= r.arrival_s < t1]
     n = len(window)
-    return Observation(interval_s=t1 - t0, requests=n,
-                       mean_isl=statistics.fmean(len(r.prompt_token_ids) for r in window) if n else 0.0,
-                       mean_osl=statistics.fmean(r.max_tokens for r in window) if n else 0.0,
-                       peak_prompt_tps=peak_prompt_tps([(r.arrival_s, len(r.prompt_token_ids)) for r in window],
-                                                       t0, t1, peak_window_s),
-                       peak_window_s=peak_window_s or None)
+    return Observation(
+        interval_s=t1 - t0,
+        requests=n,
+        mean_isl=statistics.fmean(len(r.prompt_token_ids) for r in window) if n else 0.0,
+        mean_osl=statistics.fmean(r.max_tokens for r in window) if n else 0.0,
+        peak_prompt_tps=peak_prompt_tps(
+            [(r.arrival_s, len(r.prompt_token_ids)) for r in window], t0, t1, peak_window_s
+        ),
+        peak_window_s=peak_window_s or None,
+    )
 
 
 # -- policies ---------------------------------------------------------------------------------------------------------
@@ -140,9 +159,15 @@ def forecast(requests: Sequence[RequestSpec], t0: float, t1: float, peak_window_
 Controller = Callable[[ClusterSim], None]
 
 
-def planner_controller(planner: SlaPlanner, interval_s: float, startup_s: float, log: list[dict],
-                       requests: Sequence[RequestSpec] | None = None, peak_window_s: float = 0.0,
-                       backlog: bool = True) -> Callable[[ClusterSim], Controller]:
+def planner_controller(
+    planner: SlaPlanner,
+    interval_s: float,
+    startup_s: float,
+    log: list[dict],
+    requests: Sequence[RequestSpec] | None = None,
+    peak_window_s: float = 0.0,
+    backlog: bool = True,
+) -> Callable[[ClusterSim], Controller]:
     def make(sim: ClusterSim) -> Controller:
         def control(sim: ClusterSim) -> None:
             obs = sim.observation(interval_s)  # what the Serve policy would build from the same replicas
@@ -152,29 +177,53 @@ def planner_controller(planner: SlaPlanner, interval_s: float, startup_s: float,
                 obs = replace(obs, peak_prompt_tps=None, peak_window_s=None)
             ahead = None
             if requests is not None:  # foresight: the busier of the next interval and the one after start-up
-                ahead = [forecast(requests, sim.now + d, sim.now + d + interval_s, peak_window_s)
-                         for d in (0.0, startup_s)]
+                ahead = [
+                    forecast(requests, sim.now + d, sim.now + d + interval_s, peak_window_s) for d in (0.0, startup_s)
+                ]
             decision = planner.step(obs, ahead)
             sim.resize("prefill", decision.prefill, startup_s)
             sim.resize("decode", decision.decode, startup_s)
-            log.append({"t": sim.now, "rate": obs.request_rate, "isl": obs.mean_isl, "osl": obs.mean_osl,
-                        "ttft_p99_ms": _ms(obs.ttft_p99_s), "itl_p50_ms": _ms(obs.itl_p50_s),
-                        "predicted_rate": decision.predicted_rate, "prefill": sim.count("prefill"),
-                        "decode": sim.count("decode"), "prefill_ready": obs.prefill_replicas,
-                        "decode_ready": obs.decode_replicas, "prefill_correction": decision.prefill_correction,
-                        "decode_correction": decision.decode_correction, "peak_ratio": decision.peak_ratio,
-                        "prefill_queued_tokens": obs.prefill_queued_tokens,
-                        "proposed_prefill": decision.proposed_prefill, "proposed_decode": decision.proposed_decode})
+            log.append(
+                {
+                    "t": sim.now,
+                    "rate": obs.request_rate,
+                    "isl": obs.mean_isl,
+                    "osl": obs.mean_osl,
+                    "ttft_p99_ms": _ms(obs.ttft_p99_s),
+                    "itl_p50_ms": _ms(obs.itl_p50_s),
+                    "predicted_rate": decision.predicted_rate,
+                    "prefill": sim.count("prefill"),
+                    "decode": sim.count("decode"),
+                    "prefill_ready": obs.prefill_replicas,
+                    "decode_ready": obs.decode_replicas,
+                    "prefill_correction": decision.prefill_correction,
+                    "decode_correction": decision.decode_correction,
+                    "peak_ratio": decision.peak_ratio,
+                    "prefill_queued_tokens": obs.prefill_queued_tokens,
+                    "proposed_prefill": decision.proposed_prefill,
+                    "proposed_decode": decision.proposed_decode,
+                }
+            )
+
         return control
+
     return make
 
 
 # -- one run ----------------------------------------------------------------------------------------------------------
 
 
-def run_policy(spec: ClusterSpec, engine: SimEngineConfig, requests: Sequence[RequestSpec], horizon_s: float,
-               interval_s: float, controller: Callable[[ClusterSim], Controller] | None, sla: SlaConfig,
-               seed: int, tick_s: float | None = None) -> dict[str, Any]:
+def run_policy(
+    spec: ClusterSpec,
+    engine: SimEngineConfig,
+    requests: Sequence[RequestSpec],
+    horizon_s: float,
+    interval_s: float,
+    controller: Callable[[ClusterSim], Controller] | None,
+    sla: SlaConfig,
+    seed: int,
+    tick_s: float | None = None,
+) -> dict[str, Any]:
     """`tick_s`: how often the controller runs (default: once an interval)."""
     sim = ClusterSim(spec, perf_model(engine), LINKS[engine.link], seed=seed)
     if controller is not None:
@@ -214,18 +263,24 @@ def per_interval(outcomes: Sequence[RequestOutcome], sla: SlaConfig, interval_s:
     return [{"t": k * interval_s, **v, "attainment": v["met"] / v["requests"]} for k, v in sorted(bins.items())]
 
 
-def summarize_run(outcomes: Sequence[RequestOutcome], gpu_seconds: float, sla: SlaConfig,
-                  interval_s: float | None = None) -> dict[str, Any]:
+def summarize_run(
+    outcomes: Sequence[RequestOutcome], gpu_seconds: float, sla: SlaConfig, interval_s: float | None = None
+) -> dict[str, Any]:
     ok = [o for o in outcomes if o.finished]
     attained = sum(meets(o, sla) for o in outcomes) / len(outcomes) if outcomes else 0.0
     gpu_hours = gpu_seconds / 3600
     ttft = sorted(o.ttft_s for o in ok)
     itl = sorted(statistics.median(o.itl_s) for o in ok if o.itl_s)
-    return {"requests": len(outcomes), "finished": len(ok), "attainment": attained, "gpu_hours": gpu_hours,
-            "attainment_per_gpu_hour": attained / gpu_hours if gpu_hours else 0.0,
-            "ttft_ms": {"p50": _ms(_quantile(ttft, 0.5)), "p99": _ms(_quantile(ttft, 0.99))},
-            "itl_ms": {"p50": _ms(_quantile(itl, 0.5)), "p99": _ms(_quantile(itl, 0.99))},
-            **({"per_interval": per_interval(outcomes, sla, interval_s)} if interval_s else {})}
+    return {
+        "requests": len(outcomes),
+        "finished": len(ok),
+        "attainment": attained,
+        "gpu_hours": gpu_hours,
+        "attainment_per_gpu_hour": attained / gpu_hours if gpu_hours else 0.0,
+        "ttft_ms": {"p50": _ms(_quantile(ttft, 0.5)), "p99": _ms(_quantile(ttft, 0.99))},
+        "itl_ms": {"p50": _ms(_quantile(itl, 0.5)), "p99": _ms(_quantile(itl, 0.99))},
+        **({"per_interval": per_interval(outcomes, sla, interval_s)} if interval_s else {}),
+    }
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -243,8 +298,16 @@ def run_experiment(args: argparse.Namespace) -> int:
     bounds = PoolBounds(min_replicas=1, max_replicas=args.max_replicas)
 
     def spec(prefill: int, decode: int) -> ClusterSpec:
-        return ClusterSpec(prefill, decode, blocks, block_size, routing=RoutingConfig(), kv_event_delay_s=0.002,
-                           report_span_s=args.interval_s, peak_window_s=peak_window or PlannerConfig().peak_window_s)
+        return ClusterSpec(
+            prefill,
+            decode,
+            blocks,
+            block_size,
+            routing=RoutingConfig(),
+            kv_event_delay_s=0.002,
+            report_span_s=args.interval_s,
+            peak_window_s=peak_window or PlannerConfig().peak_window_s,
+        )
 
     lookahead = args.startup_s if args.lookahead_s is None else args.lookahead_s
     scale_down = max(1, round(args.scale_down_s / args.interval_s))
@@ -252,40 +315,64 @@ def run_experiment(args: argparse.Namespace) -> int:
     ray_tick_s = 1.0
 
     def planner(initial: tuple[int, int] = (1, 1)) -> SlaPlanner:
-        config = PlannerConfig(mode="act", interval_s=args.interval_s, predictor=args.predictor, prefill=bounds,
-                               decode=bounds, scale_down_intervals=scale_down, replica_startup_s=lookahead,
-                               trend_damping=args.trend_damping)
+        config = PlannerConfig(
+            mode="act",
+            interval_s=args.interval_s,
+            predictor=args.predictor,
+            prefill=bounds,
+            decode=bounds,
+            scale_down_intervals=scale_down,
+            replica_startup_s=lookahead,
+            trend_damping=args.trend_damping,
+        )
         return SlaPlanner(config, sla, perf, blocks * block_size, initial=initial)
 
     # Every autoscaled run starts from the pools the first minute of load needs
     # (as a deployment sized for its launch would), so that no policy is
     # judged on a cold start none could avoid.
-    first = planner().step(Observation(interval_s=args.interval_s, requests=0),
-                           forecast(requests, 0.0, args.interval_s + args.startup_s, peak_window))
+    first = planner().step(
+        Observation(interval_s=args.interval_s, requests=0),
+        forecast(requests, 0.0, args.interval_s + args.startup_s, peak_window),
+    )
     initial = (first.prefill, first.decode)
 
     def run_named(name: str) -> tuple[dict[str, Any], list[dict]]:
         log: list[dict] = []
         tick = None
         if name == "planner":
-            controller = planner_controller(planner(initial), args.interval_s, args.startup_s, log,
-                                            peak_window_s=peak_window, backlog=not args.no_backlog)
+            controller = planner_controller(
+                planner(initial),
+                args.interval_s,
+                args.startup_s,
+                log,
+                peak_window_s=peak_window,
+                backlog=not args.no_backlog,
+            )
         elif name == "foresight":
-            controller = planner_controller(planner(initial), args.interval_s, args.startup_s, log, requests,
-                                            peak_window_s=peak_window, backlog=not args.no_backlog)
+            controller = planner_controller(
+                planner(initial),
+                args.interval_s,
+                args.startup_s,
+                log,
+                requests,
+                peak_window_s=peak_window,
+                backlog=not args.no_backlog,
+            )
         elif name == "ray-default":
             controller = ray_default_controller({"prefill": 2, "decode": 2}, args.startup_s, args.max_replicas, log)
             tick = ray_tick_s
         elif name == "ray-tuned":
             context = statistics.fmean(len(r.prompt_token_ids) + r.max_tokens / 2 for r in requests)
             batch = decode_batch_limit(perf, context, args.itl_p50_ms / 1000, blocks * block_size, 256)
-            controller = ray_default_controller({"prefill": 1, "decode": max(batch, 1)}, args.startup_s,
-                                                args.max_replicas, log)
+            controller = ray_default_controller(
+                {"prefill": 1, "decode": max(batch, 1)}, args.startup_s, args.max_replicas, log
+            )
             tick = ray_tick_s
         else:
             raise SystemExit(f"unknown policy {name!r}")
-        result = run_policy(spec(*initial), engine, requests, horizon, args.interval_s, controller, sla, args.seed,
-                            tick)
+        result = run_policy(
+            spec(*initial), engine, requests, horizon, args.interval_s, controller, sla, args.seed, tick
+        )
         print(f"{name}: {json.dumps({k: v for k, v in result.items() if k != 'per_interval'})}", flush=True)
         return result, log
 
@@ -310,23 +397,51 @@ def run_experiment(args: argparse.Namespace) -> int:
         splits = [(p, n - p) for n in counts for p in range(1, n)]
         tried = [r for r, _ in _map(run_static, splits, args.jobs)]
         best = max(tried, key=lambda r: (r["attainment_per_gpu_hour"], r["attainment"]))
-        results["static"] = {**best, "tried": {r["split"]: {k: r[k] for k in
-                                                           ("attainment", "gpu_hours", "attainment_per_gpu_hour")}
-                                              for r in tried}}
-    doc = {"experiment": "autoscale", "version": 1, "workload": args.workload, "requests": len(requests),
-           "initial_replicas": {"prefill": initial[0], "decode": initial[1]},
-           "horizon_s": horizon, "sla": sla.model_dump(), "gpu": args.gpu, "model": args.sim_model,
-           "interval_s": args.interval_s, "startup_s": args.startup_s, "predictor": args.predictor,
-           "planner": {"lookahead_s": lookahead, "scale_down_intervals": scale_down, "peak_window_s": peak_window,
-                       "backlog": not args.no_backlog, "trend_damping": args.trend_damping,
-                       "correction_after_intervals": PlannerConfig().correction_after_intervals},
-           "results": results, "series": series,
-           "load": [{"t": t, "rate": f.request_rate, "isl": f.mean_isl, "osl": f.mean_osl}
-                    for t in range(0, int(horizon), int(args.interval_s))
-                    for f in [forecast(requests, t, t + args.interval_s)]]}
+        results["static"] = {
+            **best,
+            "tried": {
+                r["split"]: {k: r[k] for k in ("attainment", "gpu_hours", "attainment_per_gpu_hour")} for r in tried
+            },
+        }
+    doc = {
+        "experiment": "autoscale",
+        "version": 1,
+        "workload": args.workload,
+        "requests": len(requests),
+        "initial_replicas": {"prefill": initial[0], "decode": initial[1]},
+        "horizon_s": horizon,
+        "sla": sla.model_dump(),
+        "gpu": args.gpu,
+        "model": args.sim_model,
+        "interval_s": args.interval_s,
+        "startup_s": args.startup_s,
+        "predictor": args.predictor,
+        "planner": {
+            "lookahead_s": lookahead,
+            "scale_down_intervals": scale_down,
+            "peak_window_s": peak_window,
+            "backlog": not args.no_backlog,
+            "trend_damping": args.trend_damping,
+            "correction_after_intervals": PlannerConfig().correction_after_intervals,
+        },
+        "results": results,
+        "series": series,
+        "load": [
+            {"t": t, "rate": f.request_rate, "isl": f.mean_isl, "osl": f.mean_osl}
+            for t in range(0, int(horizon), int(args.interval_s))
+            for f in [forecast(requests, t, t + args.interval_s)]
+        ],
+    }
     report.write(args.out, doc, plot=plot_experiment)
-    print(json.dumps({name: {k: r[k] for k in ("attainment", "gpu_hours", "attainment_per_gpu_hour")}
-                      for name, r in results.items()}, indent=2))
+    print(
+        json.dumps(
+            {
+                name: {k: r[k] for k in ("attainment", "gpu_hours", "attainment_per_gpu_hour")}
+                for name, r in results.items()
+            },
+            indent=2,
+        )
+    )
     return 0
 
 
@@ -368,9 +483,10 @@ def plot_experiment(doc: dict[str, Any], path: Path) -> None:
     ax_load.legend(loc="upper left")
     ax_mix.legend(loc="upper right")
     for name, log in doc["series"].items():
-        line, = ax_rep.plot([p["t"] for p in log], [p["prefill"] for p in log], "--", label=f"{name} prefill")
-        ax_rep.plot([p["t"] for p in log], [p["decode"] for p in log], "-", color=line.get_color(),
-                    label=f"{name} decode")
+        (line,) = ax_rep.plot([p["t"] for p in log], [p["prefill"] for p in log], "--", label=f"{name} prefill")
+        ax_rep.plot(
+            [p["t"] for p in log], [p["decode"] for p in log], "-", color=line.get_color(), label=f"{name} decode"
+        )
     ax_rep.set_ylabel("replicas (GPUs)")
     ax_rep.set_xlabel("seconds")
     ax_rep.legend(fontsize=7, ncol=2)

@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import launch, report
-from tools.client import RequestRecord
+from orchestrator.config import AppConfig, shipped_config
 from tools.bench_stats import SloTerm, meets_slo, parse_slo, percentiles
+from tools.client import RequestRecord
 from tools.runner import Target, run_schedule
 from tools.workloads import RequestSpec, phase_requests
-from orchestrator.config import AppConfig, shipped_config
 
 APP = "autoscale"
 POOLS = ("prefill_pool", "decode_pool")
@@ -42,14 +42,17 @@ SERVE_DEFAULT_AUTOSCALING = {"target_ongoing_requests": 2, "upscale_delay_s": 30
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-dir", default=str(launch.MODEL_DIR),
-                   help="the tokenizer the frontend loads")
+    p.add_argument("--model-dir", default=str(launch.MODEL_DIR), help="the tokenizer the frontend loads")
     p.add_argument("--minutes", type=float, default=6.0, help="length of the load; half each phase")
     p.add_argument("--rate", type=float, default=4.0, help="mean requests/s")
     p.add_argument("--prefill-phase", default="2000/20", help="ISL/OSL of the first half")
     p.add_argument("--decode-phase", default="300/200", help="ISL/OSL of the second half")
-    p.add_argument("--sim-model", choices=["llama-3.1-8b", "llama-3.1-70b", "qwen3-32b"], default="qwen3-32b",
-                   help="what each simulated H100 serves (32B: prefill and decode both bind at rates 2 cores send)")
+    p.add_argument(
+        "--sim-model",
+        choices=["llama-3.1-8b", "llama-3.1-70b", "qwen3-32b"],
+        default="qwen3-32b",
+        help="what each simulated H100 serves (32B: prefill and decode both bind at rates 2 cores send)",
+    )
     p.add_argument("--ttft-p99-ms", type=float, default=1000.0)
     p.add_argument("--itl-p50-ms", type=float, default=30.0)
     p.add_argument("--interval-s", type=float, default=10.0, help="the planner's adjustment interval")
@@ -69,25 +72,46 @@ def _lengths(text: str) -> tuple[int, int]:
     return int(isl), int(osl)
 
 
-# -- the application per policy -----------------------------------------------------------------------------------------
+# -- the application per policy ----------------------------------------------------------------------------------------
 
 
 def app_config(policy: str, args: argparse.Namespace) -> AppConfig:
     sla = {"sla__ttft_p99_ms": args.ttft_p99_ms, "sla__itl_p50_ms": args.itl_p50_ms}
-    base = dict(kv_cache__block_size=16, network__advertise_host="127.0.0.1", model__name=f"sim-{args.sim_model}",
-                prefill_pool__engine__model=args.sim_model, decode_pool__engine__model=args.sim_model, **sla)
+    base = dict(
+        kv_cache__block_size=16,
+        network__advertise_host="127.0.0.1",
+        model__name=f"sim-{args.sim_model}",
+        prefill_pool__engine__model=args.sim_model,
+        decode_pool__engine__model=args.sim_model,
+        **sla,
+    )
     bounds = {"min_replicas": 1, "max_replicas": args.max_replicas}
     config = launch.CONFIGS / "disagg-sim.yaml"
     if policy == "planner":
-        return shipped_config(config, args.model_dir, prefill_pool__replicas=1, decode_pool__replicas=1,
-                              planner__mode="act", planner__interval_s=args.interval_s, planner__prefill=bounds,
-                              planner__decode=bounds, **base)
+        return shipped_config(
+            config,
+            args.model_dir,
+            prefill_pool__replicas=1,
+            decode_pool__replicas=1,
+            planner__mode="act",
+            planner__interval_s=args.interval_s,
+            planner__prefill=bounds,
+            planner__decode=bounds,
+            **base,
+        )
     if policy == "ray-default":
         autoscaling = {**SERVE_DEFAULT_AUTOSCALING, **bounds}
         # Serve's autoscaler counts the requests its handles carry.
-        return shipped_config(config, args.model_dir, prefill_pool__replicas=1, decode_pool__replicas=1,
-                              prefill_pool__autoscaling=autoscaling, decode_pool__autoscaling=autoscaling,
-                              frontend__data_plane="serve", **base)
+        return shipped_config(
+            config,
+            args.model_dir,
+            prefill_pool__replicas=1,
+            decode_pool__replicas=1,
+            prefill_pool__autoscaling=autoscaling,
+            decode_pool__autoscaling=autoscaling,
+            frontend__data_plane="serve",
+            **base,
+        )
     prefill, decode = (int(n) for n in args.static.split("+"))
     return shipped_config(config, args.model_dir, prefill_pool__replicas=prefill, decode_pool__replicas=decode, **base)
 
@@ -100,7 +124,7 @@ async def _poll(samples: list[dict[str, Any]], start: float, period_s: float, st
         samples.append({"t": time.perf_counter() - start, **counts})
         try:
             await asyncio.wait_for(stop.wait(), period_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             pass
 
 
@@ -140,8 +164,14 @@ def gpu_seconds(samples: list[dict[str, Any]]) -> float:
     return total
 
 
-def summarize(policy: str, records: list[RequestRecord], requests: list[RequestSpec],
-              samples: list[dict[str, Any]], args: argparse.Namespace, bin_s: float = 30.0) -> dict[str, Any]:
+def summarize(
+    policy: str,
+    records: list[RequestRecord],
+    requests: list[RequestSpec],
+    samples: list[dict[str, Any]],
+    args: argparse.Namespace,
+    bin_s: float = 30.0,
+) -> dict[str, Any]:
     slo = request_slo(args)
     met = [meets_slo(r, slo) for r in records]
     attainment = sum(met) / len(met) if met else 0.0
@@ -152,16 +182,29 @@ def summarize(policy: str, records: list[RequestRecord], requests: list[RequestS
         t0, t1 = k * bin_s, (k + 1) * bin_s
         idx = [i for i, spec in enumerate(requests) if t0 <= spec.arrival_s < t1]
         in_bin = [s for s in samples if t0 <= s["t"] < t1]
-        intervals.append({
-            "t0_s": t0, "offered_rps": len(idx) / bin_s,
-            "attainment": sum(met[i] for i in idx) / len(idx) if idx else None,
-            **{p: statistics.fmean(s[p] for s in in_bin) if in_bin else None for p in POOLS}})
+        intervals.append(
+            {
+                "t0_s": t0,
+                "offered_rps": len(idx) / bin_s,
+                "attainment": sum(met[i] for i in idx) / len(idx) if idx else None,
+                **{p: statistics.fmean(s[p] for s in in_bin) if in_bin else None for p in POOLS},
+            }
+        )
     ok = [r for r in records if r.ok]
     ttft = percentiles([r.ttft_s for r in ok if r.ttft_s is not None])
-    return {"policy": policy, "requests": len(records), "answered": len(ok), "attainment": attainment,
-            "gpu_hours": gpu_h, "attainment_per_gpu_hour": attainment / gpu_h if gpu_h else 0.0,
-            "ttft_p50_ms": ttft["p50"], "ttft_p99_ms": ttft["p99"],
-            "errors": sorted({r.error for r in records if r.error})[:5], "intervals": intervals, "samples": samples}
+    return {
+        "policy": policy,
+        "requests": len(records),
+        "answered": len(ok),
+        "attainment": attainment,
+        "gpu_hours": gpu_h,
+        "attainment_per_gpu_hour": attainment / gpu_h if gpu_h else 0.0,
+        "ttft_p50_ms": ttft["p50"],
+        "ttft_p99_ms": ttft["p99"],
+        "errors": sorted({r.error for r in records if r.error})[:5],
+        "intervals": intervals,
+        "samples": samples,
+    }
 
 
 def plot(doc: dict[str, Any], path: Path) -> None:
@@ -176,27 +219,38 @@ def plot(doc: dict[str, Any], path: Path) -> None:
         for pool in POOLS:
             ax.plot(t, [s[pool] for s in run["samples"]], drawstyle="steps-post", label=pool)
         ax.set_ylabel("replicas")
-        ax.set_title(f"{run['policy']}: {run['attainment']:.1%} within SLO, {run['gpu_hours']:.3f} GPU-h",
-                     fontsize=9)
+        ax.set_title(f"{run['policy']}: {run['attainment']:.1%} within SLO, {run['gpu_hours']:.3f} GPU-h", fontsize=9)
         ax.legend(loc="upper right", fontsize=8)
     axes[-1].set_xlabel("seconds")
     report.save_figure(fig, path)
 
 
 def run_experiment(args: argparse.Namespace) -> int:
-    requests = phase_requests(args.minutes, args.rate, _lengths(args.prefill_phase), _lengths(args.decode_phase),
-                              args.seed, token_range=(10, 600))  # the tiny tokenizer's vocabulary
+    requests = phase_requests(
+        args.minutes,
+        args.rate,
+        _lengths(args.prefill_phase),
+        _lengths(args.decode_phase),
+        args.seed,
+        token_range=(10, 600),
+    )  # the tiny tokenizer's vocabulary
     port = launch.free_port()
     runs = []
     for policy in args.policies.split(","):
         run = run_policy(policy, args, requests, port)
         runs.append(run)
-        print(f"{policy}: {run['attainment']:.1%} within SLO at {run['gpu_hours']:.3f} GPU-h "
-              f"({run['answered']}/{run['requests']} answered)")
-    doc = {"schema": "orchestrator-autoscale-serve/1", "created_at": time.time(),
-           "workload": f"phases {args.prefill_phase} then {args.decode_phase}, {args.rate} req/s mean, "
-                       f"{args.minutes} min", "sla": {"ttft_p99_ms": args.ttft_p99_ms, "itl_p50_ms": args.itl_p50_ms},
-           "args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool))}, "runs": runs}
+        print(
+            f"{policy}: {run['attainment']:.1%} within SLO at {run['gpu_hours']:.3f} GPU-h "
+            f"({run['answered']}/{run['requests']} answered)"
+        )
+    doc = {
+        "schema": "orchestrator-autoscale-serve/1",
+        "created_at": time.time(),
+        "workload": f"phases {args.prefill_phase} then {args.decode_phase}, {args.rate} req/s mean, {args.minutes} min",
+        "sla": {"ttft_p99_ms": args.ttft_p99_ms, "itl_p50_ms": args.itl_p50_ms},
+        "args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool))},
+        "runs": runs,
+    }
     report.write_json(args.out, doc, indent=1)
     plot(doc, Path(args.out).with_suffix(".png"))
     return 0

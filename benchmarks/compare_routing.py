@@ -45,16 +45,26 @@ from tools.workloads import LengthDist, MooncakeTrace, SyntheticWorkload, TokenP
 
 TRACE = launch.TRACES / "mooncake_conversation.jsonl"
 REPLICAS = 4
-SYSTEMS = ["ours-round-robin", "ours-kv-events", "ours-approximate", "sglang-cache-aware", "ray-serve-llm-prefix",
-           "dynamo-kv"]
+SYSTEMS = [
+    "ours-round-robin",
+    "ours-kv-events",
+    "ours-approximate",
+    "sglang-cache-aware",
+    "ray-serve-llm-prefix",
+    "dynamo-kv",
+]
 
 
 OURS_ROUTING: dict = {}  # --ours-routing overrides for experiments
 
 
 def _ours(routing: dict, kv_cache_gib: float):
-    overrides = {"decode_pool__replicas": REPLICAS, "decode_pool__num_cpus": 0.25, "frontend__num_cpus": 0.25,
-                 "decode_pool__engine__cpu__kv_cache_gib": kv_cache_gib}
+    overrides = {
+        "decode_pool__replicas": REPLICAS,
+        "decode_pool__num_cpus": 0.25,
+        "frontend__num_cpus": 0.25,
+        "decode_pool__engine__cpu__kv_cache_gib": kv_cache_gib,
+    }
     if routing.get("policy") != "round_robin":
         routing = routing | OURS_ROUTING
     overrides.update({f"routing__{k}": v for k, v in routing.items()})
@@ -86,8 +96,9 @@ def workload(name: str, pool: TokenPool, args) -> tuple[dict, list, float, float
         trace = MooncakeTrace(str(TRACE), pool, block_tokens=16, max_isl=args.max_isl, max_osl=args.max_osl)
         specs = trace.requests(args.requests)
         return trace.describe() | {"requests": len(specs), "time_scale": args.time_scale}, specs, args.time_scale, 0.5
-    synthetic = SyntheticWorkload(LengthDist(1088), LengthDist(16), pool, shared_prefix_fraction=1024 / 1088,
-                                  num_prefixes=32, seed=7)
+    synthetic = SyntheticWorkload(
+        LengthDist(1088), LengthDist(16), pool, shared_prefix_fraction=1024 / 1088, num_prefixes=32, seed=7
+    )
     specs = synthetic.requests(args.prefix_requests)
     offsets = poisson_offsets(len(specs), args.prefix_rate, seed=7)
     specs = [replace(s, arrival_s=o) for s, o in zip(specs, offsets)]
@@ -118,8 +129,14 @@ def main() -> None:
     slo = parse_slo(["ttft_p99_ms=1000", "itl_p50_ms=50"])
     logs = Path(args.out).with_suffix("")
     logs.mkdir(parents=True, exist_ok=True)
-    doc = {"benchmark": "compare_routing", "version": 1, "hardware": hardware(), "replicas": REPLICAS,
-           "slo": {t.key: t.limit_ms for t in slo}, "workloads": {}}
+    doc = {
+        "benchmark": "compare_routing",
+        "version": 1,
+        "hardware": hardware(),
+        "replicas": REPLICAS,
+        "slo": {t.key: t.limit_ms for t in slo},
+        "workloads": {},
+    }
     if args.merge and Path(args.out).exists():
         doc = json.loads(Path(args.out).read_text())
     for name in args.workloads.split(","):
@@ -142,8 +159,11 @@ def main() -> None:
                 continue
             results[system] = result.to_dict() | {"wall_s": time.time() - started}
             r = result
-            print(f"{system}: ttft p50 {r.ttft_ms['p50']:.1f} p99 {r.ttft_ms['p99']:.1f} ms, "
-                  f"hit rate {r.prefix_hit_rate}, ok {r.completed}/{r.sent} {r.errors}", flush=True)
+            print(
+                f"{system}: ttft p50 {r.ttft_ms['p50']:.1f} p99 {r.ttft_ms['p99']:.1f} ms, "
+                f"hit rate {r.prefix_hit_rate}, ok {r.completed}/{r.sent} {r.errors}",
+                flush=True,
+            )
         doc["workloads"][name] = {"workload": description, "kv_cache_gib_per_replica": kv_gib, "results": results}
         report.write_json(args.out, doc)  # after each workload: a later failure keeps this one's results
     report.write(args.out, doc, markdown, plot)
@@ -159,11 +179,20 @@ def _table(results: dict) -> str:
         if "error" in r:
             return [name, "-", "-", "-", "-", "-", f"failed: {r['error'][:60]}"]
         hit = "-" if r["prefix_hit_rate"] is None else f"{r['prefix_hit_rate']:.1%}"
-        return [name, f"{r['ttft_ms']['p50']:.1f}", f"{r['ttft_ms']['p99']:.1f}", f"{r['itl_ms']['p50']:.2f}", hit,
-                f"{r['goodput_requests']:.2f}", f"{r['completed']} / {r['sent']}"]
+        return [
+            name,
+            f"{r['ttft_ms']['p50']:.1f}",
+            f"{r['ttft_ms']['p99']:.1f}",
+            f"{r['itl_ms']['p50']:.2f}",
+            hit,
+            f"{r['goodput_requests']:.2f}",
+            f"{r['completed']} / {r['sent']}",
+        ]
 
-    return report.table(["system", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "prefix hit rate", "goodput req/s",
-                         "ok / sent"], [row(name, r) for name, r in results.items()])
+    return report.table(
+        ["system", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "prefix hit rate", "goodput req/s", "ok / sent"],
+        [row(name, r) for name, r in results.items()],
+    )
 
 
 def plot(doc: dict, path: Path) -> None:

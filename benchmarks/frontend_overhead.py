@@ -58,8 +58,11 @@ from tools.client import RequestRecord, pd_completion, stream_completion  # noqa
 
 # What each of our systems must have done for every request: route kind counted.
 EXPECTED_ROUTE = {"agg": "aggregated", "disagg": "remote_prefill", "agg-serve": "aggregated"}
-COUNTERS = ("orchestrator_route_decisions_total", "orchestrator_prefill_fallbacks_total",
-            "orchestrator_decode_migrations_total")
+COUNTERS = (
+    "orchestrator_route_decisions_total",
+    "orchestrator_prefill_fallbacks_total",
+    "orchestrator_decode_migrations_total",
+)
 HOPS = ("orchestrator_request_hop_seconds_sum", "orchestrator_request_hop_seconds_count")
 SYSTEMS = ("bare", "bare-pd", "agg", "disagg", "agg-serve", "rsllm-agg", "rsllm-pd")
 # The bare system each other system is compared to: the P/D ones to bare-pd, the rest to bare.
@@ -68,8 +71,11 @@ BASELINE = {"agg": "bare", "disagg": "bare-pd", "agg-serve": "bare", "rsllm-agg"
 
 def start_ours(names: list[str], ingress: bool):
     """Our apps `names` (of EXPECTED_ROUTE) in one Serve instance of this process; yields their URLs."""
-    configs = {"agg": launch.app_args("agg-cpu.yaml"), "disagg": launch.app_args("disagg-cpu.yaml"),
-               "agg-serve": launch.app_args("agg-cpu.yaml", frontend__data_plane="serve")}
+    configs = {
+        "agg": launch.app_args("agg-cpu.yaml"),
+        "disagg": launch.app_args("disagg-cpu.yaml"),
+        "agg-serve": launch.app_args("agg-cpu.yaml", frontend__data_plane="serve"),
+    }
     return launch.ours({name: configs[name] for name in names}, in_process=True, ingress=ingress, quiet=True)
 
 
@@ -90,7 +96,7 @@ def hop_means_ms(before: dict[str, float], after: dict[str, float]) -> dict[str,
     out = {}
     for key, total in delta.items():
         if key.startswith(HOPS[0]):
-            labels = key[len(HOPS[0]):]
+            labels = key[len(HOPS[0]) :]
             count = delta.get(HOPS[1] + labels, 0)
             if count:
                 out[json.loads(labels)["hop"]] = 1000 * total / count
@@ -106,10 +112,18 @@ def check_route(system: str, delta: dict[str, float], n: int) -> str | None:
     """None if exactly `n` requests took the system's route with no fallback
     or migration; else what went wrong."""
     kind = EXPECTED_ROUTE[system]
-    took = sum(v for k, v in delta.items() if k.startswith("orchestrator_route_decisions_total")
-               and json.loads(k[len("orchestrator_route_decisions_total"):])["kind"] == kind)
-    other = {k: v for k, v in delta.items() if not k.startswith("orchestrator_route_decisions_total")
-             or json.loads(k[len("orchestrator_route_decisions_total"):])["kind"] != kind}
+    took = sum(
+        v
+        for k, v in delta.items()
+        if k.startswith("orchestrator_route_decisions_total")
+        and json.loads(k[len("orchestrator_route_decisions_total") :])["kind"] == kind
+    )
+    other = {
+        k: v
+        for k, v in delta.items()
+        if not k.startswith("orchestrator_route_decisions_total")
+        or json.loads(k[len("orchestrator_route_decisions_total") :])["kind"] != kind
+    }
     if took != n or other:
         return f"{system}: expected {n} x {kind}, counted {delta}"
     return None
@@ -119,8 +133,10 @@ async def kv_transfer(client: httpx.AsyncClient, url: str) -> tuple[float, float
     """(transfers, seconds) summed over the disagg app's decode engines."""
     pools = (await client.get(f"{url}/pools")).json()["pools"]
     stats = [r["stats"] or {} for r in pools.get("decode_pool", [])]
-    return (sum(s.get("kv_transfers_total", 0) for s in stats),
-            sum(s.get("kv_transfer_seconds_total", 0.0) for s in stats))
+    return (
+        sum(s.get("kv_transfers_total", 0) for s in stats),
+        sum(s.get("kv_transfer_seconds_total", 0.0) for s in stats),
+    )
 
 
 def summarize(records: list[RequestRecord]) -> dict:
@@ -131,7 +147,8 @@ def summarize(records: list[RequestRecord]) -> dict:
     events = sum(len(r.itl_s) + 1 for r in ok)
     pct = lambda a, q: float(np.percentile(a, q)) if len(a) else None  # noqa: E731
     return {
-        "requests": len(records), "ok": len(ok),
+        "requests": len(records),
+        "ok": len(ok),
         "ttft_ms": {"p50": pct(ttft, 50), "p90": pct(ttft, 90), "p99": pct(ttft, 99)},
         "itl_ms": {"p50": pct(itl, 50), "p90": pct(itl, 90), "p99": pct(itl, 99)},
         "tpot_ms": {"p50": pct(tpot, 50), "p99": pct(tpot, 99)},
@@ -140,8 +157,15 @@ def summarize(records: list[RequestRecord]) -> dict:
     }
 
 
-async def run_batch(client: httpx.AsyncClient, url: str | tuple[str, str], bodies: list[dict], concurrency: int,
-                    per_request_route: bool, system: str, violations: list[str]) -> list[RequestRecord]:
+async def run_batch(
+    client: httpx.AsyncClient,
+    url: str | tuple[str, str],
+    bodies: list[dict],
+    concurrency: int,
+    per_request_route: bool,
+    system: str,
+    violations: list[str],
+) -> list[RequestRecord]:
     # `url` is a (prefill, decode) pair for bare-pd.
     """`bodies` through `url` at `concurrency`; at c=1 each request's route is checked."""
     records: list[RequestRecord] = []
@@ -168,9 +192,12 @@ async def run_batch(client: httpx.AsyncClient, url: str | tuple[str, str], bodie
 def start_peers(stack: ExitStack, systems: list[str], cfg, log: Path) -> dict[str, str | tuple[str, str]]:
     """The bare vLLM servers and Ray Serve LLM apps among `systems`, stopped when `stack` closes; their URLs
     (bare-pd: the prefill and the decode server's)."""
-    launch = {"bare": lambda: peers.vllm_servers(1, cfg, log), "bare-pd": lambda: peers.vllm_pd_servers(cfg, log),
-              "rsllm-agg": lambda: peers.ray_serve_llm(cfg, 1, log, router="default"),
-              "rsllm-pd": lambda: peers.ray_serve_llm_pd(cfg, log)}
+    launch = {
+        "bare": lambda: peers.vllm_servers(1, cfg, log),
+        "bare-pd": lambda: peers.vllm_pd_servers(cfg, log),
+        "rsllm-agg": lambda: peers.ray_serve_llm(cfg, 1, log, router="default"),
+        "rsllm-pd": lambda: peers.ray_serve_llm_pd(cfg, log),
+    }
     urls = {name: stack.enter_context(launch[name]()) for name in systems if name in launch}
     if "bare" in urls:
         (urls["bare"],) = urls["bare"]
@@ -198,16 +225,23 @@ async def run(args) -> dict:
                 hops[c] = {name: [] for name in ours}
                 for rnd in range(args.rounds):
                     n = args.requests + (args.warmup if rnd == 0 else 0)
-                    bodies = [{"model": cfg.model.name, "prompt": [rng.randrange(10, 600) for _ in range(args.isl)],
-                               "max_tokens": args.osl, "temperature": 0, "ignore_eos": True} for _ in range(n)]
+                    bodies = [
+                        {
+                            "model": cfg.model.name,
+                            "prompt": [rng.randrange(10, 600) for _ in range(args.isl)],
+                            "max_tokens": args.osl,
+                            "temperature": 0,
+                            "ignore_eos": True,
+                        }
+                        for _ in range(n)
+                    ]
                     order = list(urls)
                     rng.shuffle(order)
                     for name in order:
                         before = await counters(client, urls[name]) if name in ours else None
                         hops_before = await counters(client, urls[name], HOPS) if name in ours else None
                         kv_before = await kv_transfer(client, urls[name]) if name == "disagg" else None
-                        recs = await run_batch(client, urls[name], bodies, c, c == 1 and name in ours, name,
-                                               violations)
+                        recs = await run_batch(client, urls[name], bodies, c, c == 1 and name in ours, name, violations)
                         if before is not None:
                             problem = check_route(name, route_of(before, await counters(client, urls[name])), n)
                             if problem:
@@ -226,19 +260,42 @@ async def run(args) -> dict:
     compared = [name for name in urls if name in BASELINE]
     base = {name: BASELINE[name] for name in compared}
     p50s = (("ttft_p50", "ttft_ms"), ("itl_p50", "itl_ms"))
-    ratios = {c: {name: {m: r[name][k]["p50"] / r[base[name]][k]["p50"] for m, k in p50s} for name in compared}
-              for c, r in results.items()}
-    ratios_vs_bare = {
-        c: {name: {m: r[name][k]["p50"] / r["bare"][k]["p50"] for m, k in p50s}
-            for name in (*compared, "bare-pd") if name in r}
+    ratios = {
+        c: {name: {m: r[name][k]["p50"] / r[base[name]][k]["p50"] for m, k in p50s} for name in compared}
         for c, r in results.items()
-    } if "bare" in urls else {}
-    hop_ms = {str(c): {name: {hop: float(np.mean([h[hop] for h in rounds if hop in h]))
-                              for hop in sorted({k for h in rounds for k in h})}
-                       for name, rounds in by_system.items()} for c, by_system in hops.items()}
-    added = {c: {name: {"ttft_p50_ms": r[name]["ttft_ms"]["p50"] - r[base[name]]["ttft_ms"]["p50"],
-                        "itl_p50_ms": r[name]["itl_ms"]["p50"] - r[base[name]]["itl_ms"]["p50"]} for name in compared}
-             for c, r in results.items()}
+    }
+    ratios_vs_bare = (
+        {
+            c: {
+                name: {m: r[name][k]["p50"] / r["bare"][k]["p50"] for m, k in p50s}
+                for name in (*compared, "bare-pd")
+                if name in r
+            }
+            for c, r in results.items()
+        }
+        if "bare" in urls
+        else {}
+    )
+    hop_ms = {
+        str(c): {
+            name: {
+                hop: float(np.mean([h[hop] for h in rounds if hop in h]))
+                for hop in sorted({k for h in rounds for k in h})
+            }
+            for name, rounds in by_system.items()
+        }
+        for c, by_system in hops.items()
+    }
+    added = {
+        c: {
+            name: {
+                "ttft_p50_ms": r[name]["ttft_ms"]["p50"] - r[base[name]]["ttft_ms"]["p50"],
+                "itl_p50_ms": r[name]["itl_ms"]["p50"] - r[base[name]]["itl_ms"]["p50"],
+            }
+            for name in compared
+        }
+        for c, r in results.items()
+    }
     kv_ms = 1000 * transfers["seconds"] / transfers["count"] if transfers["count"] else None
     return {
         "benchmark": "frontend_overhead",
@@ -248,9 +305,15 @@ async def run(args) -> dict:
         "engine_settings": "every system: the shipped CPU config's process_env (OpenMP passive, polling plugin)",
         "systems": list(urls),
         "ingress": "Serve's Python proxy" if args.python_proxy else "HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1)",
-        "workload": {"isl": args.isl, "osl": args.osl, "requests_per_round": args.requests, "rounds": args.rounds,
-                     "warmup": args.warmup, "concurrency": args.concurrency,
-                     "order": "rounds interleaved, systems shuffled per round, fresh random prompts"},
+        "workload": {
+            "isl": args.isl,
+            "osl": args.osl,
+            "requests_per_round": args.requests,
+            "rounds": args.rounds,
+            "warmup": args.warmup,
+            "concurrency": args.concurrency,
+            "order": "rounds interleaved, systems shuffled per round, fresh random prompts",
+        },
         "route_check": {"per_request_at_c1": True, "violations": 0, "expected": EXPECTED_ROUTE},
         "kv_transfer_ms_mean": kv_ms,
         "kv_transfers": transfers["count"],
@@ -261,7 +324,8 @@ async def run(args) -> dict:
         "ratio_vs_bare": ratios_vs_bare,
         "hop_mean_ms": hop_ms,
         "disagg_ttft_budget_ms": {c: r["bare"]["ttft_ms"]["p50"] + (kv_ms or 0) + 5 for c, r in results.items()}
-        if "bare" in urls and "disagg" in urls else None,
+        if "bare" in urls and "disagg" in urls
+        else None,
     }
 
 
@@ -274,8 +338,12 @@ def main() -> None:
     p.add_argument("--isl", type=int, default=1024)
     p.add_argument("--osl", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--systems", type=lambda v: v.split(","), default=["bare", "bare-pd", "agg", "disagg"],
-                   help=f"a subset of {','.join(SYSTEMS)}")
+    p.add_argument(
+        "--systems",
+        type=lambda v: v.split(","),
+        default=["bare", "bare-pd", "agg", "disagg"],
+        help=f"a subset of {','.join(SYSTEMS)}",
+    )
     p.add_argument("--python-proxy", action="store_true", help="Serve's Python proxy instead of HAProxy")
     p.add_argument("--out", default=str(launch.RESULTS / "frontend_overhead.json"))
     args = p.parse_args()
@@ -286,9 +354,22 @@ def main() -> None:
     launch.tiny_model()
     result = asyncio.run(run(args))
     report.write_json(args.out, result)
-    print(json.dumps({k: result[k] for k in ("ratio_vs_baseline", "added_vs_baseline", "ratio_vs_bare",
-                                             "hop_mean_ms", "kv_transfer_ms_mean", "disagg_ttft_budget_ms")},
-                     indent=2))
+    print(
+        json.dumps(
+            {
+                k: result[k]
+                for k in (
+                    "ratio_vs_baseline",
+                    "added_vs_baseline",
+                    "ratio_vs_bare",
+                    "hop_mean_ms",
+                    "kv_transfer_ms_mean",
+                    "disagg_ttft_budget_ms",
+                )
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

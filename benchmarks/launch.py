@@ -45,8 +45,12 @@ def parser(doc: str | None) -> argparse.ArgumentParser:
     return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
-def main(doc: str | None, add_arguments: Callable[[argparse.ArgumentParser], None],
-         experiment: Callable[[argparse.Namespace], int], argv: list[str] | None = None) -> int:
+def main(
+    doc: str | None,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    experiment: Callable[[argparse.Namespace], int],
+    argv: list[str] | None = None,
+) -> int:
     """Parse `argv` with the options `add_arguments` adds, run `experiment` on them; its exit status."""
     p = parser(doc)
     add_arguments(p)
@@ -66,8 +70,14 @@ def local_url(port: int) -> str:
     return f"http://{HOST}:{port}"
 
 
-def wait_until(ready: Callable[[], bool], what: str, timeout_s: float = 900, poll_s: float = 2,
-               procs: Sequence[subprocess.Popen] = (), log: Path | None = None) -> None:
+def wait_until(
+    ready: Callable[[], bool],
+    what: str,
+    timeout_s: float = 900,
+    poll_s: float = 2,
+    procs: Sequence[subprocess.Popen] = (),
+    log: Path | None = None,
+) -> None:
     """Poll `ready()` every `poll_s` until it holds (an HTTP error, or a ValueError such as a body that is not
     JSON, counts as not yet). Raises RuntimeError as soon as one of `procs` has exited, TimeoutError after
     `timeout_s`; both name `log` if given."""
@@ -86,11 +96,13 @@ def wait_until(ready: Callable[[], bool], what: str, timeout_s: float = 900, pol
         time.sleep(poll_s)
 
 
-def wait_healthy(url: str, timeout_s: float = 900, procs: Sequence[subprocess.Popen] = (),
-                 log: Path | None = None) -> None:
+def wait_healthy(
+    url: str, timeout_s: float = 900, procs: Sequence[subprocess.Popen] = (), log: Path | None = None
+) -> None:
     """Until GET `url` answers 200 (a server's /health, or /v1/models where that is all it has)."""
-    wait_until(lambda: httpx.get(url, timeout=5).status_code == 200, f"{url} answering", timeout_s,
-               procs=procs, log=log)
+    wait_until(
+        lambda: httpx.get(url, timeout=5).status_code == 200, f"{url} answering", timeout_s, procs=procs, log=log
+    )
 
 
 def stop(*procs: subprocess.Popen, wait_s: float = 60) -> None:
@@ -137,10 +149,20 @@ def app_args(name: str, **overrides: Any) -> AppConfig:
 
 
 @contextlib.contextmanager
-def ours(apps: AppConfig | Mapping[str, AppConfig], log: Path | None = None, *, in_process: bool = False,
-         name: str = "orchestrator", port: int | None = None, ingress: bool = True, num_cpus: int | None = 8,
-         ray_start: bool = True, quiet: bool = False, timeout_s: float = 900,
-         stop_wait_s: float = 60) -> Iterator[Any]:
+def ours(
+    apps: AppConfig | Mapping[str, AppConfig],
+    log: Path | None = None,
+    *,
+    in_process: bool = False,
+    name: str = "orchestrator",
+    port: int | None = None,
+    ingress: bool = True,
+    num_cpus: int | None = 8,
+    ray_start: bool = True,
+    quiet: bool = False,
+    timeout_s: float = 900,
+    stop_wait_s: float = 60,
+) -> Iterator[Any]:
     """Our application, on a Ray instance of its own, until the block ends.
 
     `apps`: one config, served at / as application `name` (yields its base URL), or {name: config}, each
@@ -164,8 +186,9 @@ def ours(apps: AppConfig | Mapping[str, AppConfig], log: Path | None = None, *, 
     if in_process:
         running = _in_process(configs, routes, port, ingress=ingress, num_cpus=num_cpus, quiet=quiet)
     else:
-        running = _serve_run(configs, routes, port, log, ingress=ingress, num_cpus=num_cpus, ray_start=ray_start,
-                             stop_wait_s=stop_wait_s)
+        running = _serve_run(
+            configs, routes, port, log, ingress=ingress, num_cpus=num_cpus, ray_start=ray_start, stop_wait_s=stop_wait_s
+        )
     with running as procs:
         for url in urls.values():
             wait_healthy(f"{url}/health", timeout_s, procs, log)
@@ -173,13 +196,32 @@ def ours(apps: AppConfig | Mapping[str, AppConfig], log: Path | None = None, *, 
 
 
 @contextlib.contextmanager
-def _serve_run(configs: dict[str, AppConfig], routes: dict[str, str], port: int, log: Path | None, *,
-               ingress: bool, num_cpus: int | None, ray_start: bool, stop_wait_s: float) -> Iterator[list]:
+def _serve_run(
+    configs: dict[str, AppConfig],
+    routes: dict[str, str],
+    port: int,
+    log: Path | None,
+    *,
+    ingress: bool,
+    num_cpus: int | None,
+    ray_start: bool,
+    stop_wait_s: float,
+) -> Iterator[list]:
     import yaml
 
-    doc = {"proxy_location": "HeadOnly", "http_options": {"host": HOST, "port": port},
-           "applications": [{"name": n, "route_prefix": routes[n], "import_path": "deployments.app:build_app",
-                             "args": cfg.model_dump(mode="json")} for n, cfg in configs.items()]}
+    doc = {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": HOST, "port": port},
+        "applications": [
+            {
+                "name": n,
+                "route_prefix": routes[n],
+                "import_path": "deployments.app:build_app",
+                "args": cfg.model_dump(mode="json"),
+            }
+            for n, cfg in configs.items()
+        ],
+    }
     with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
         yaml.safe_dump(doc, f)
     env = dict(os.environ)
@@ -190,12 +232,22 @@ def _serve_run(configs: dict[str, AppConfig], routes: dict[str, str], port: int,
     address = []
     if ray_start:
         cpus = ["--num-cpus", str(num_cpus)] if num_cpus is not None else []
-        subprocess.run([str(VENV_BIN / "ray"), "start", "--head", *cpus, "--include-dashboard", "false"],
-                       capture_output=True, check=True, env=env)
+        subprocess.run(
+            [str(VENV_BIN / "ray"), "start", "--head", *cpus, "--include-dashboard", "false"],
+            capture_output=True,
+            check=True,
+            env=env,
+        )
         address = ["--address", "auto"]
     out = log.open("w") if log else subprocess.DEVNULL
-    proc = subprocess.Popen([str(VENV_BIN / "serve"), "run", *address, f.name], stdout=out,
-                            stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT, env=env)
+    proc = subprocess.Popen(
+        [str(VENV_BIN / "serve"), "run", *address, f.name],
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=ROOT,
+        env=env,
+    )
     try:
         yield [proc]
     finally:
@@ -205,8 +257,15 @@ def _serve_run(configs: dict[str, AppConfig], routes: dict[str, str], port: int,
 
 
 @contextlib.contextmanager
-def _in_process(configs: dict[str, AppConfig], routes: dict[str, str], port: int, *, ingress: bool,
-                num_cpus: int | None, quiet: bool) -> Iterator[list]:
+def _in_process(
+    configs: dict[str, AppConfig],
+    routes: dict[str, str],
+    port: int,
+    *,
+    ingress: bool,
+    num_cpus: int | None,
+    quiet: bool,
+) -> Iterator[list]:
     import ray
     from ray import serve
 
@@ -220,8 +279,10 @@ def _in_process(configs: dict[str, AppConfig], routes: dict[str, str], port: int
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **logs)
     try:
         serve.start(http_options={"host": HOST, "port": port})
-        serve.run_many([serve.RunTarget(build_app(cfg), name=n, route_prefix=routes[n]) for n, cfg in configs.items()],
-                       wait_for_applications_running=True)
+        serve.run_many(
+            [serve.RunTarget(build_app(cfg), name=n, route_prefix=routes[n]) for n, cfg in configs.items()],
+            wait_for_applications_running=True,
+        )
         yield []
     finally:
         with contextlib.suppress(Exception):

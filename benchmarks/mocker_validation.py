@@ -49,13 +49,19 @@ import tools.runner as runner  # noqa: E402
 from benchmarks import dynamo_peer, launch, report  # noqa: E402
 from benchmarks.launch import RESULTS  # noqa: E402
 from benchmarks.sim_validation import (  # noqa: E402
-    MAX_NUM_BATCHED_TOKENS, MAX_NUM_SEQS, compare, load_specs, make_workload, trace_requests)
-from tools.client import RequestRecord, _content, stream_events  # noqa: E402
-from tools.bench_stats import summarize  # noqa: E402
-from tools.runner import Target, poisson_offsets, run_concurrency, run_schedule  # noqa: E402
-from tools.workloads import TokenPool  # noqa: E402
+    MAX_NUM_BATCHED_TOKENS,
+    MAX_NUM_SEQS,
+    compare,
+    load_specs,
+    make_workload,
+    trace_requests,
+)
 from orchestrator.prompts import load_tokenizer  # noqa: E402
 from orchestrator.sim.perf_model import ProfileModel  # noqa: E402
+from tools.bench_stats import summarize  # noqa: E402
+from tools.client import RequestRecord, _content, stream_events  # noqa: E402
+from tools.runner import Target, poisson_offsets, run_concurrency, run_schedule  # noqa: E402
+from tools.workloads import TokenPool  # noqa: E402
 
 MAX_MODEL_LEN = 4096
 
@@ -71,8 +77,14 @@ def write_mocker_npz(perf: ProfileModel, path: Path) -> dict:
     kv = np.linspace(0, max_kv, 200)
     ctx = np.linspace(1, MAX_MODEL_LEN, 128)
     itl = np.array([[perf.decode_time(max(1, round(k / c)), c) * 1000 for c in ctx] for k in kv])
-    np.savez(path, prefill_isl=isl, prefill_ttft_ms=ttft, decode_active_kv_tokens=kv, decode_context_length=ctx,
-             decode_itl=itl)
+    np.savez(
+        path,
+        prefill_isl=isl,
+        prefill_ttft_ms=ttft,
+        decode_active_kv_tokens=kv,
+        decode_context_length=ctx,
+        decode_itl=itl,
+    )
     return {"prefill_points": len(isl), "decode_grid": [len(kv), len(ctx)], "max_active_kv_tokens": max_kv}
 
 
@@ -104,11 +116,31 @@ async def stream_tokens(client, url: str, body: dict) -> RequestRecord:
 
 
 def mocker_args(npz: Path, blocks: int, name: str) -> list[str]:
-    return ["--model-path", str(launch.MODEL_DIR), "--model-name", name, *dynamo_peer.PLANES, "--engine-type", "vllm",
-            "--block-size", "32", "--num-gpu-blocks-override", str(blocks), "--max-num-seqs", str(MAX_NUM_SEQS),
-            "--max-num-batched-tokens", str(MAX_NUM_BATCHED_TOKENS), "--max-model-len", str(MAX_MODEL_LEN),
-            "--enable-prefix-caching", "--enable-chunked-prefill", "--speedup-ratio", "1.0",
-            "--planner-profile-data", str(npz)]
+    return [
+        "--model-path",
+        str(launch.MODEL_DIR),
+        "--model-name",
+        name,
+        *dynamo_peer.PLANES,
+        "--engine-type",
+        "vllm",
+        "--block-size",
+        "32",
+        "--num-gpu-blocks-override",
+        str(blocks),
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--max-num-batched-tokens",
+        str(MAX_NUM_BATCHED_TOKENS),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--enable-prefix-caching",
+        "--enable-chunked-prefill",
+        "--speedup-ratio",
+        "1.0",
+        "--planner-profile-data",
+        str(npz),
+    ]
 
 
 def run_mocker(perf: ProfileModel, name: str, warmup, by_level, rate_specs, offsets, trace, log: Path) -> dict:
@@ -131,8 +163,11 @@ def run_mocker(perf: ProfileModel, name: str, warmup, by_level, rate_specs, offs
         for c, specs in by_level.items():
             records, duration = asyncio.run(run_concurrency(target, specs, c))
             out["sweep"][c] = summarize(records, duration, []).to_dict()
-            print(f"mocker c={c}: ttft p50 {out['sweep'][c]['ttft_ms']['p50']:.1f} "
-                  f"tpot p50 {out['sweep'][c]['tpot_ms']['p50']:.2f}", flush=True)
+            print(
+                f"mocker c={c}: ttft p50 {out['sweep'][c]['ttft_ms']['p50']:.1f} "
+                f"tpot p50 {out['sweep'][c]['tpot_ms']['p50']:.2f}",
+                flush=True,
+            )
         records, duration = asyncio.run(run_schedule(target, rate_specs, offsets))
         out["rate"] = summarize(records, duration, []).to_dict()
         if trace:
@@ -157,8 +192,9 @@ def main() -> None:
     vocab = len(load_tokenizer(str(launch.MODEL_DIR)))
     workload = make_workload(vocab)
     levels = [pt["concurrency"] for pt in prev["sweep"]]
-    by_level, rate_specs = load_specs(workload, levels, prev.get("requests_per_point", 40),
-                                      prev.get("rate_requests", 120))
+    by_level, rate_specs = load_specs(
+        workload, levels, prev.get("requests_per_point", 40), prev.get("rate_requests", 120)
+    )
     offsets = poisson_offsets(len(rate_specs), prev["rate_run"]["rate"], seed=3)
     trace = trace_requests(TokenPool.vocabulary(vocab), prev["trace"]["seconds"]) if prev.get("trace_run") else []
     if args.smoke:
@@ -173,26 +209,39 @@ def main() -> None:
     rows.append(row(f"Poisson {prev['rate_run']['rate']} req/s", prev["rate_run"], got["rate"]))
     if prev.get("trace_run") and got["trace"]:
         rows.append(row(f"Mooncake trace {prev['trace']['seconds']:.0f} s", prev["trace_run"], got["trace"]))
-    doc = {"benchmark": "mocker_validation", "version": 1, "dynamo": dynamo_peer.DYNAMO_VERSION,
-           "load_average": {"before": load_before, "after": os.getloadavg()},
-           "mocker": got["config"], "validation": Path(args.validation).name, "rows": rows,
-           "summary": {side: summary(rows, f"{side}_vs_real") for side in ("ours", "mocker")}}
+    doc = {
+        "benchmark": "mocker_validation",
+        "version": 1,
+        "dynamo": dynamo_peer.DYNAMO_VERSION,
+        "load_average": {"before": load_before, "after": os.getloadavg()},
+        "mocker": got["config"],
+        "validation": Path(args.validation).name,
+        "rows": rows,
+        "summary": {side: summary(rows, f"{side}_vs_real") for side in ("ours", "mocker")},
+    }
     report.write(out, doc, markdown)
 
 
 def row(load: str, measured: dict, mocker: dict) -> dict:
     """One load: the real side and our simulator's from the validation run, the mocker's, both compared."""
-    return {"load": load, "real": measured["real"], "ours": measured["sim"], "mocker": mocker,
-            "ours_vs_real": compare(measured["real"], measured["sim"]),
-            "mocker_vs_real": compare(measured["real"], mocker)}
+    return {
+        "load": load,
+        "real": measured["real"],
+        "ours": measured["sim"],
+        "mocker": mocker,
+        "ours_vs_real": compare(measured["real"], measured["sim"]),
+        "mocker_vs_real": compare(measured["real"], mocker),
+    }
 
 
 def summary(rows, key) -> dict:
     out = {}
     for metric in ("ttft_ms_p50", "itl_ms_p50", "tpot_ms_p50", "e2e_ms_p50", "throughput"):
         errs = [abs(r[key][metric]["error"]) for r in rows if r[key][metric]["error"] is not None]
-        out[metric] = {"max_abs_error": max(errs) if errs else None,
-                       "median_abs_error": sorted(errs)[len(errs) // 2] if errs else None}
+        out[metric] = {
+            "max_abs_error": max(errs) if errs else None,
+            "median_abs_error": sorted(errs)[len(errs) // 2] if errs else None,
+        }
     return out
 
 
@@ -217,17 +266,34 @@ def markdown(doc: dict) -> str:
     def real(cmp: dict) -> str:
         return "coalesced" if cmp.get("coalesced") else f"{cmp['real']:.1f}"
 
-    rows = [[r["load"], *(cell for key in METRICS for cell in (
-        real(r["ours_vs_real"][key]), _cell(r["ours_vs_real"], key), _cell(r["mocker_vs_real"], key)))]
-            for r in doc["rows"]]
+    rows = [
+        [
+            r["load"],
+            *(
+                cell
+                for key in METRICS
+                for cell in (
+                    real(r["ours_vs_real"][key]),
+                    _cell(r["ours_vs_real"], key),
+                    _cell(r["mocker_vs_real"], key),
+                )
+            ),
+        ]
+        for r in doc["rows"]
+    ]
 
     def spread(errors: dict) -> str:
         return f"{report.percent(errors['max_abs_error'])} / {report.percent(errors['median_abs_error'])}"
 
-    sides = [[label, *(spread(doc["summary"][side][m]) for m in (*METRICS, "throughput"))]
-             for side, label in (("ours", "our simulator (profile)"), ("mocker", "Dynamo mocker (same profile)"))]
-    return (report.table(header, rows) + "\n|error| at p50 over all loads, max / median:\n\n"
-            + report.table(["", "TTFT", "TPOT", "ITL", "e2e", "throughput"], sides))
+    sides = [
+        [label, *(spread(doc["summary"][side][m]) for m in (*METRICS, "throughput"))]
+        for side, label in (("ours", "our simulator (profile)"), ("mocker", "Dynamo mocker (same profile)"))
+    ]
+    return (
+        report.table(header, rows)
+        + "\n|error| at p50 over all loads, max / median:\n\n"
+        + report.table(["", "TTFT", "TPOT", "ITL", "e2e", "throughput"], sides)
+    )
 
 
 if __name__ == "__main__":

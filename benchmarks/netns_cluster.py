@@ -95,7 +95,7 @@ class NetnsCluster:
 
     # -- life cycle -----------------------------------------------------------
 
-    def __enter__(self) -> "NetnsCluster":
+    def __enter__(self) -> NetnsCluster:
         self.up()
         return self
 
@@ -118,11 +118,25 @@ class NetnsCluster:
             self._start_ray(host)
 
     def _start_ray(self, host: Host) -> None:
-        role = ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"] if host is self.head \
+        role = (
+            ["--head", f"--port={RAY_PORT}", "--include-dashboard=false"]
+            if host is self.head
             else [f"--address={self.ray_address}"]
-        self.run(host, [str(self._bin / "ray"), "start", *role, f"--node-ip-address={host.address}",
-                        f"--num-cpus={host.spec.num_cpus}", f"--resources={json.dumps(host.spec.resources)}",
-                        f"--temp-dir={TEMP_DIR}", "--disable-usage-stats"], timeout=120)
+        )
+        self.run(
+            host,
+            [
+                str(self._bin / "ray"),
+                "start",
+                *role,
+                f"--node-ip-address={host.address}",
+                f"--num-cpus={host.spec.num_cpus}",
+                f"--resources={json.dumps(host.spec.resources)}",
+                f"--temp-dir={TEMP_DIR}",
+                "--disable-usage-stats",
+            ],
+            timeout=120,
+        )
 
     def down(self) -> None:
         for host in self.hosts:
@@ -149,20 +163,35 @@ class NetnsCluster:
         listed = _ip("netns", "pids", host.netns, check=False)
         return [int(p) for p in listed.stdout.split()] if listed.returncode == 0 else []
 
-    def run(self, host: Host, argv: list[str], timeout: float = 600, env: dict[str, str] | None = None,
-            ) -> subprocess.CompletedProcess:
+    def run(
+        self,
+        host: Host,
+        argv: list[str],
+        timeout: float = 600,
+        env: dict[str, str] | None = None,
+    ) -> subprocess.CompletedProcess:
         """Run a command inside `host`'s namespace; raise with its output if it fails."""
-        done = subprocess.run(["ip", "netns", "exec", host.netns, *argv], capture_output=True, text=True,
-                              timeout=timeout, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})})
+        done = subprocess.run(
+            ["ip", "netns", "exec", host.netns, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})},
+        )
         if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv[:3])} in {host.netns} failed ({done.returncode}):\n"
-                               f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+            raise RuntimeError(
+                f"{' '.join(argv[:3])} in {host.netns} failed ({done.returncode}):\n"
+                f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+            )
         return done
 
     def serve_run(self, serve_config: str | Path, timeout: float = 600) -> None:
         """Deploy a Serve config file (`serve run --non-blocking`) from the head host."""
-        self.run(self.head, [str(self._bin / "serve"), "run", "--non-blocking", f"--address={self.ray_address}",
-                             str(serve_config)], timeout=timeout)
+        self.run(
+            self.head,
+            [str(self._bin / "serve"), "run", "--non-blocking", f"--address={self.ray_address}", str(serve_config)],
+            timeout=timeout,
+        )
 
     def link_bytes(self, host: Host) -> int:
         """Bytes sent plus received on `host`'s link so far (its veth, seen from the machine)."""

@@ -68,14 +68,22 @@ class StepEngine(LLMEngine):
             for i in range(max_tokens):
                 await self._step
                 finish = "length" if i == max_tokens - 1 else None
-                yield "data: " + json.dumps({**head, "choices": [
-                    {"index": 0, "text": " x", "logprobs": None, "finish_reason": finish}]}) + "\n\n"
+                yield (
+                    "data: "
+                    + json.dumps(
+                        {**head, "choices": [{"index": 0, "text": " x", "logprobs": None, "finish_reason": finish}]}
+                    )
+                    + "\n\n"
+                )
         finally:
             self._running -= 1
         options = getattr(request, "stream_options", None)
         if options is not None and getattr(options, "include_usage", False):
-            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": max_tokens,
-                     "total_tokens": prompt_tokens + max_tokens}
+            usage = {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": max_tokens,
+                "total_tokens": prompt_tokens + max_tokens,
+            }
             yield "data: " + json.dumps({**head, "choices": [], "usage": usage}) + "\n\n"
         yield "data: [DONE]\n\n"
 
@@ -83,6 +91,7 @@ class StepEngine(LLMEngine):
 def _unsupported(name: str):
     async def method(self, *args, **kwargs):
         raise NotImplementedError(f"StepEngine serves streamed completions only, not {name}")
+
     return method
 
 

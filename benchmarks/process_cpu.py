@@ -16,17 +16,30 @@ import psutil
 
 Markers = tuple[tuple[str, str], ...]
 
-RAY_MARKERS: Markers = (("haproxy", "haproxy"), ("raylet", "ray"), ("gcs_server", "ray"), ("ray::", "ray"),
-                        ("ray/", "ray"))
+RAY_MARKERS: Markers = (
+    ("haproxy", "haproxy"),
+    ("raylet", "ray"),
+    ("gcs_server", "ray"),
+    ("ray::", "ray"),
+    ("ray/", "ray"),
+)
 
 # Every system of the serving comparisons: vLLM's engine processes first (children of any of them): its
 # engine core (scheduler, queues) and, on CPU, its worker (the model's forward passes).
 SERVING_MARKERS: Markers = (
-    ("EngineCore", "engine_core"), ("VLLM::Worker", "engine_worker"),
-    (":frontend", "frontend"), (":decode_pool", "replicas"), (":prefill_pool", "replicas"),  # ours
-    ("OpenAiIngress", "frontend"), ("PDProxyServer", "frontend"), ("LLMServer", "replicas"),  # Ray Serve LLM
-    ("vllm.entrypoints.openai.api_server", "api_server"), ("APIServer", "api_server"),  # vLLM's own server
-    ("dynamo.frontend", "frontend"), ("dynamo.vllm", "replicas"), ("dynamo.mocker", "replicas"),  # Dynamo
+    ("EngineCore", "engine_core"),
+    ("VLLM::Worker", "engine_worker"),
+    (":frontend", "frontend"),
+    (":decode_pool", "replicas"),
+    (":prefill_pool", "replicas"),  # ours
+    ("OpenAiIngress", "frontend"),
+    ("PDProxyServer", "frontend"),
+    ("LLMServer", "replicas"),  # Ray Serve LLM
+    ("vllm.entrypoints.openai.api_server", "api_server"),
+    ("APIServer", "api_server"),  # vLLM's own server
+    ("dynamo.frontend", "frontend"),
+    ("dynamo.vllm", "replicas"),
+    ("dynamo.mocker", "replicas"),  # Dynamo
     *RAY_MARKERS,
 )
 

@@ -60,25 +60,45 @@ class RayDefaultPolicy:
         (starting ones included)."""
         average = sum(v for _, v in self._samples) / len(self._samples) if self._samples else 0.0
         ctx = AutoscalingContext(
-            deployment_id=self._id, deployment_name=self._id.name, app_name=self._id.app_name,
-            current_num_replicas=running, target_num_replicas=target, running_replicas=[],
-            total_num_requests=average, total_queued_requests=0.0, aggregated_metrics={}, raw_metrics={},
+            deployment_id=self._id,
+            deployment_name=self._id.name,
+            app_name=self._id.app_name,
+            current_num_replicas=running,
+            target_num_replicas=target,
+            running_replicas=[],
+            total_num_requests=average,
+            total_queued_requests=0.0,
+            aggregated_metrics={},
+            raw_metrics={},
             capacity_adjusted_min_replicas=self.config.min_replicas,
             capacity_adjusted_max_replicas=self.config.max_replicas,
-            policy_state=dict(self._state), last_scale_up_time=None, last_scale_down_time=None,
-            current_time=now, config=self.config)
+            policy_state=dict(self._state),
+            last_scale_up_time=None,
+            last_scale_down_time=None,
+            current_time=now,
+            config=self.config,
+        )
         with _virtual_time(now):
             decision, self._state = self._policy(ctx)
         decision = math.ceil(decision) if isinstance(decision, float) else decision
         return max(self.config.min_replicas, min(self.config.max_replicas, decision))
 
 
-def ray_default_controller(targets: dict[str, float], startup_s: float, max_replicas: int, log: list[dict],
-                           tick_s: float = 1.0, until_s: float = math.inf) -> Callable:
+def ray_default_controller(
+    targets: dict[str, float],
+    startup_s: float,
+    max_replicas: int,
+    log: list[dict],
+    tick_s: float = 1.0,
+    until_s: float = math.inf,
+) -> Callable:
     """A cluster-simulator controller (ClusterSim.every) running Ray's policy per pool."""
-    policies = {name: RayDefaultPolicy(AutoscalingConfig(min_replicas=1, max_replicas=max_replicas,
-                                                         target_ongoing_requests=target), f"{name}_pool")
-                for name, target in targets.items()}
+    policies = {
+        name: RayDefaultPolicy(
+            AutoscalingConfig(min_replicas=1, max_replicas=max_replicas, target_ongoing_requests=target), f"{name}_pool"
+        )
+        for name, target in targets.items()
+    }
 
     def make(sim):
         from orchestrator.sim.cluster import ReplicaState
@@ -93,5 +113,7 @@ def ray_default_controller(targets: dict[str, float], startup_s: float, max_repl
                     sim.resize(name, wanted, startup_s)
             if not log or sim.now - log[-1]["t"] >= 10.0 - 1e-9:
                 log.append({"t": sim.now, "prefill": sim.count("prefill"), "decode": sim.count("decode")})
+
         return control
+
     return make

@@ -25,8 +25,13 @@ def write_json(path: str | Path, doc: Any, indent: int = 2) -> Path:
     return path
 
 
-def write(out: str | Path, doc: dict, markdown: Callable[[dict], str] | None = None,
-          plot: Callable[[dict, Path], None] | None = None, echo: bool = True) -> str | None:
+def write(
+    out: str | Path,
+    doc: dict,
+    markdown: Callable[[dict], str] | None = None,
+    plot: Callable[[dict, Path], None] | None = None,
+    echo: bool = True,
+) -> str | None:
     """A run's results: `doc` as JSON at `out`, `markdown(doc)` beside it (.md; printed with `echo`) and
     `plot(doc, path)` beside it (.png). Returns the markdown."""
     out = write_json(out, doc)

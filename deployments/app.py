@@ -32,25 +32,39 @@ def _replicas(name: str, pool: PoolConfig, config: AppConfig) -> dict:
     policy is the planner (bounds from `planner.prefill/decode`)."""
     if config.planner.mode is not PlannerMode.ACT and pool.autoscaling is not None:
         a = pool.autoscaling
-        return {"autoscaling_config": AutoscalingConfig(
-            min_replicas=a.min_replicas, max_replicas=a.max_replicas,
-            initial_replicas=min(max(pool.replicas, a.min_replicas), a.max_replicas),
-            target_ongoing_requests=a.target_ongoing_requests,
-            upscale_delay_s=a.upscale_delay_s, downscale_delay_s=a.downscale_delay_s)}
+        return {
+            "autoscaling_config": AutoscalingConfig(
+                min_replicas=a.min_replicas,
+                max_replicas=a.max_replicas,
+                initial_replicas=min(max(pool.replicas, a.min_replicas), a.max_replicas),
+                target_ongoing_requests=a.target_ongoing_requests,
+                upscale_delay_s=a.upscale_delay_s,
+                downscale_delay_s=a.downscale_delay_s,
+            )
+        }
     if config.planner.mode is PlannerMode.OFF:
         return {"num_replicas": pool.replicas}
     bounds = config.planner.prefill if name == "prefill_pool" else config.planner.decode
-    policy = AutoscalingPolicy(policy_function=PLANNER_POLICY,
-                               policy_kwargs={"app": config.model_dump(mode="json"), "pool": name})
-    return {"autoscaling_config": AutoscalingConfig(
-        min_replicas=bounds.min_replicas, max_replicas=bounds.max_replicas,
-        initial_replicas=min(max(pool.replicas, bounds.min_replicas), bounds.max_replicas),
-        # The planner keeps its own hysteresis: none of Serve's delays on top.
-        upscale_delay_s=0.0, downscale_delay_s=0.0,
-        # Each report is already a window of `planner.interval_s`: take the
-        # latest ones as they are (max also keeps a -1 "no sample" from
-        # averaging into a real latency).
-        metrics_interval_s=1.0, look_back_period_s=2.0, aggregation_function="max", policy=policy)}
+    policy = AutoscalingPolicy(
+        policy_function=PLANNER_POLICY, policy_kwargs={"app": config.model_dump(mode="json"), "pool": name}
+    )
+    return {
+        "autoscaling_config": AutoscalingConfig(
+            min_replicas=bounds.min_replicas,
+            max_replicas=bounds.max_replicas,
+            initial_replicas=min(max(pool.replicas, bounds.min_replicas), bounds.max_replicas),
+            # The planner keeps its own hysteresis: none of Serve's delays on top.
+            upscale_delay_s=0.0,
+            downscale_delay_s=0.0,
+            # Each report is already a window of `planner.interval_s`: take the
+            # latest ones as they are (max also keeps a -1 "no sample" from
+            # averaging into a real latency).
+            metrics_interval_s=1.0,
+            look_back_period_s=2.0,
+            aggregation_function="max",
+            policy=policy,
+        )
+    }
 
 
 def _placement(pool: PoolConfig) -> dict:
@@ -62,14 +76,18 @@ def _placement(pool: PoolConfig) -> dict:
         return {"ray_actor_options": actor}
     placement = engine_adapter(pool.engine.kind).placement(pool.num_cpus, pool.num_gpus, pool.resources)
     actor["num_gpus"] = placement.actor_gpus
-    return {"ray_actor_options": actor, "placement_group_bundles": placement.bundles,
-            "placement_group_strategy": STRICT_PACK}
+    return {
+        "ray_actor_options": actor,
+        "placement_group_bundles": placement.bundles,
+        "placement_group_strategy": STRICT_PACK,
+    }
 
 
 def _pool(name: str, pool: PoolConfig, config: AppConfig):
     placement = _placement(pool)
     placement["ray_actor_options"]["runtime_env"] = {
-        "env_vars": {**REPLICA_ENV, **process_env(config, pool), **config.network.transport_env}}
+        "env_vars": {**REPLICA_ENV, **process_env(config, pool), **config.network.transport_env}
+    }
     return EngineReplica.options(
         name=name,
         **_replicas(name, pool, config),
@@ -98,7 +116,8 @@ def _group_pools(config: AppConfig) -> dict:
         prefill = None
         if group.prefill_pool is not None:
             prefill = _pool(f"{group.name}_prefill_pool", group.prefill_pool, config).bind(
-                args, EngineRole.PREFILL.value)
+                args, EngineRole.PREFILL.value
+            )
         groups[group.name] = [decode, prefill]
     return groups
 
@@ -113,7 +132,11 @@ def build_app(config: AppConfig) -> Application:
     disaggregated = config.mode is ServingMode.DISAGGREGATED
     decode_role = EngineRole.DECODE if disaggregated else EngineRole.AGGREGATED
     decode = _pool("decode_pool", config.decode_pool, config).bind(args, decode_role.value)
-    prefill = _pool("prefill_pool", config.prefill_pool, config).bind(args, EngineRole.PREFILL.value) if disaggregated else None
+    prefill = (
+        _pool("prefill_pool", config.prefill_pool, config).bind(args, EngineRole.PREFILL.value)
+        if disaggregated
+        else None
+    )
     frontend = Frontend.options(
         name="frontend",
         num_replicas=config.frontend.replicas,

@@ -15,8 +15,8 @@ from orchestrator.config import AppConfig, DataPlane, PlannerMode
 from orchestrator.engines import create_engine
 from orchestrator.engines.base import EngineRole
 from orchestrator.engines.ports import listen_port
-from orchestrator.planner.observer import ReplicaLoadWindow
 from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
+from orchestrator.planner.observer import ReplicaLoadWindow
 from orchestrator.wire.server import StreamServer
 
 log = logging.getLogger("ray.serve")
@@ -41,8 +41,11 @@ class EngineReplica:
         self.replica_id = serve.get_replica_context().replica_id.unique_id
         self.engine = create_engine(app, pool, self.role, host)
         # What the SLA planner observes of this replica; None (nothing recorded) with the planner off.
-        self.window = (ReplicaLoadWindow(app.planner.interval_s, peak_window_s=app.planner.peak_window_s)
-                       if app.planner.mode is not PlannerMode.OFF else None)
+        self.window = (
+            ReplicaLoadWindow(app.planner.interval_s, peak_window_s=app.planner.peak_window_s)
+            if app.planner.mode is not PlannerMode.OFF
+            else None
+        )
         self.info = await self.engine.start()
         self.streams: StreamServer | None = None
         if app.frontend.data_plane is DataPlane.DIRECT:

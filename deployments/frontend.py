@@ -42,8 +42,10 @@ class Frontend:
         # One data-plane connection per replica, shared by every pool and request.
         self.streams = ReplicaStreams() if app.frontend.data_plane is DataPlane.DIRECT else None
         groups = {
-            name: PoolGroup(ServePoolClient(decode, self.streams),
-                            ServePoolClient(prefill, self.streams) if prefill is not None else None)
+            name: PoolGroup(
+                ServePoolClient(decode, self.streams),
+                ServePoolClient(prefill, self.streams) if prefill is not None else None,
+            )
             for name, (decode, prefill) in handles.items()
         }
         tokenizer = await asyncio.to_thread(load_tokenizer, app.model.tokenizer_source)
@@ -58,8 +60,12 @@ class Frontend:
         self._background.append(asyncio.create_task(self.parts.kv_events.run()))
 
     def __serve_build_asgi_app__(self):
-        hooks = AppHooks(health=self._health, pools=self._pools_report,
-                         max_request_bytes=self.config.frontend.limits.max_request_bytes, api_key=self.api_key)
+        hooks = AppHooks(
+            health=self._health,
+            pools=self._pools_report,
+            max_request_bytes=self.config.frontend.limits.max_request_bytes,
+            api_key=self.api_key,
+        )
         return build_openai_app(self.parts.service, hooks)
 
     async def _health(self) -> Health:

@@ -30,8 +30,11 @@ def _free_port() -> int:
 
 def ingress_env() -> dict[str, str]:
     """HAProxy on, its stats and metrics listeners on free ports."""
-    return {**HAPROXY_ENV, "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
-            "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port())}
+    return {
+        **HAPROXY_ENV,
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
+        "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
+    }
 
 
 @contextlib.contextmanager

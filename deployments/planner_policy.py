@@ -76,16 +76,23 @@ class _Coordinator:
 
     def observation(self, interval_s: float) -> Observation:
         """From each serving replica's latest report (orchestrator/planner/observation.py)."""
+
         def reports(pool: str) -> list[ReplicaReport]:
             return [ReplicaReport.from_metrics(m) for m in self.latest.get(pool, {}).values()]
 
         prefill = reports("prefill_pool") if self.app.prefill_pool is not None else None
-        return observe_pools(interval_s, prefill, reports("decode_pool"), self.ready.get("prefill_pool", 0),
-                             self.ready.get("decode_pool", 0))
+        return observe_pools(
+            interval_s,
+            prefill,
+            reports("decode_pool"),
+            self.ready.get("prefill_pool", 0),
+            self.ready.get("decode_pool", 0),
+        )
 
 
-def _latest_reports(raw: dict[str, dict[Any, list]] | None,
-                    aggregated: dict[str, dict[Any, float]]) -> dict[Any, dict[str, float]]:
+def _latest_reports(
+    raw: dict[str, dict[Any, list]] | None, aggregated: dict[str, dict[Any, float]]
+) -> dict[Any, dict[str, float]]:
     """Each replica's latest report: per metric its newest value (a replica
     reports all its metrics at once, with one timestamp, so these are one
     report's). A metric without raw time series (not given by every Serve)
@@ -130,15 +137,18 @@ class _Gauges:
         except ImportError:  # outside Ray
             return
         if self._gauges is None:
-            self._gauges = {k: Gauge(f"{PLANNER_GAUGE_PREFIX}{k}", v, tag_keys=("pool",)) for k, v in PLANNER_GAUGES.items()}
+            self._gauges = {
+                k: Gauge(f"{PLANNER_GAUGE_PREFIX}{k}", v, tag_keys=("pool",)) for k, v in PLANNER_GAUGES.items()
+            }
         g = self._gauges
         g["observed_rate"].set(obs.request_rate, tags={"pool": "all"})
         g["predicted_rate"].set(decision.predicted_rate, tags={"pool": "all"})
         g["queued_prompt_tokens"].set(obs.prefill_queued_tokens, tags={"pool": "prefill"})
         g["peak_ratio"].set(decision.peak_ratio, tags={"pool": "prefill"})
         for pool, proposed, desired, correction in (
-                ("prefill", decision.proposed_prefill, decision.prefill, decision.prefill_correction),
-                ("decode", decision.proposed_decode, decision.decode, decision.decode_correction)):
+            ("prefill", decision.proposed_prefill, decision.prefill, decision.prefill_correction),
+            ("decode", decision.proposed_decode, decision.decode, decision.decode_correction),
+        ):
             g["proposed_replicas"].set(proposed if math.isfinite(proposed) else -1, tags={"pool": pool})
             g["desired_replicas"].set(desired, tags={"pool": pool})
             g["correction"].set(correction, tags={"pool": pool})
@@ -155,12 +165,22 @@ class SlaPlannerPolicy:
     def __call__(self, ctx: Any) -> tuple[int, dict[str, Any]]:
         from deployments import registries  # by reference: see registries
 
-        coordinator = registries.coordinator_for(ctx.app_name or "", lambda: _Coordinator(self.app),
-                                                      current=lambda c: c.app == self.app)  # redeployed: new
+        coordinator = registries.coordinator_for(
+            ctx.app_name or "", lambda: _Coordinator(self.app), current=lambda c: c.app == self.app
+        )  # redeployed: new
         coordinator.update(self.pool, ctx)
         now = ctx.current_time if ctx.current_time is not None else time.time()
         target = coordinator.decide(self.pool, now, ctx.target_num_replicas)
         decision = coordinator.decision
-        state = {} if decision is None else {"planner": {"prefill": decision.prefill, "decode": decision.decode,
-                                                          "predicted_rate": decision.predicted_rate}}
+        state = (
+            {}
+            if decision is None
+            else {
+                "planner": {
+                    "prefill": decision.prefill,
+                    "decode": decision.decode,
+                    "predicted_rate": decision.predicted_rate,
+                }
+            }
+        )
         return target, state

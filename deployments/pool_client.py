@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 from ray.serve.handle import DeploymentHandle
 
 from deployments.registries import router_for
-from orchestrator.pools import ReplicaView
 from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
+from orchestrator.pools import ReplicaView
 from orchestrator.wire.client import ReplicaStreams
 
 

@@ -20,6 +20,7 @@ from ray.serve.request_router import FIFOMixin, PendingRequest, RequestRouter, R
 from orchestrator.engines.base import EngineInfo, EngineStats
 from orchestrator.pools import ReplicaView
 
+
 def _target_replica(pending: PendingRequest | None) -> str | None:
     if pending is None or not pending.args:
         return None

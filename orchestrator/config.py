@@ -91,11 +91,21 @@ class VllmEngineConfig(_Strict):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "VllmEngineConfig":
+    def _check(self) -> VllmEngineConfig:
         if self.tensor_parallel_size > 1 and self.device is not Device.CUDA:
             raise ValueError("tensor_parallel_size > 1 needs device cuda (vLLM's CPU build runs one rank here)")
-        reserved = {"model", "tokenizer", "dtype", "max_model_len", "block_size", "kv_transfer_config",
-                    "kv_events_config", "enable_prefix_caching", "served_model_name", "seed"}
+        reserved = {
+            "model",
+            "tokenizer",
+            "dtype",
+            "max_model_len",
+            "block_size",
+            "kv_transfer_config",
+            "kv_events_config",
+            "enable_prefix_caching",
+            "served_model_name",
+            "seed",
+        }
         clash = sorted(reserved & set(self.engine_args))
         if clash:
             raise ValueError(f"engine_args may not set {clash}: they come from model/kv_cache/pool settings")
@@ -112,16 +122,20 @@ class SimEngineConfig(_Strict):
     model: Literal["llama-3.1-8b", "llama-3.1-70b", "qwen3-32b"] = "llama-3.1-8b"
     tensor_parallel_size: PositiveInt = 1
     profile: str | None = Field(
-        default=None, description="A profile from `orchestrator profile`; its measured step times replace the "
-        "roofline of gpu/model.")
+        default=None,
+        description="A profile from `orchestrator profile`; its measured step times replace the roofline of gpu/model.",
+    )
     num_gpu_blocks: PositiveInt | None = Field(
-        default=None, description="KV capacity in blocks; None: what the GPU memory left after the weights holds "
-        "(roofline), or the profile's measured capacity.")
+        default=None,
+        description="KV capacity in blocks; None: what the GPU memory left after the weights holds "
+        "(roofline), or the profile's measured capacity.",
+    )
     gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
     max_num_seqs: PositiveInt = 256
     max_num_batched_tokens: PositiveInt = 8192
     link: Literal["nvlink", "infiniband", "pcie"] = Field(
-        default="infiniband", description="The prefill -> decode KV transfer path the handoff time is modelled on.")
+        default="infiniband", description="The prefill -> decode KV transfer path the handoff time is modelled on."
+    )
 
     @property
     def device(self) -> None:
@@ -154,15 +168,31 @@ class SglangEngineConfig(_Strict):
         return Device.CUDA
 
     @model_validator(mode="after")
-    def _check(self) -> "SglangEngineConfig":
-        reserved = {"model_path", "tokenizer_path", "dtype", "context_length", "page_size", "tp_size",
-                    "disaggregation_mode", "disaggregation_transfer_backend", "disaggregation_bootstrap_port",
-                    "kv_events_config", "served_model_name", "random_seed", "disable_radix_cache",
-                    # set by the adapter or by fields of this model
-                    "host", "port", "disaggregation_ib_device", "mem_fraction_static", "max_running_requests",
-                    "chunked_prefill_size",
-                    # the adapter needs SGLang's detokenized text
-                    "skip_tokenizer_init"}
+    def _check(self) -> SglangEngineConfig:
+        reserved = {
+            "model_path",
+            "tokenizer_path",
+            "dtype",
+            "context_length",
+            "page_size",
+            "tp_size",
+            "disaggregation_mode",
+            "disaggregation_transfer_backend",
+            "disaggregation_bootstrap_port",
+            "kv_events_config",
+            "served_model_name",
+            "random_seed",
+            "disable_radix_cache",
+            # set by the adapter or by fields of this model
+            "host",
+            "port",
+            "disaggregation_ib_device",
+            "mem_fraction_static",
+            "max_running_requests",
+            "chunked_prefill_size",
+            # the adapter needs SGLang's detokenized text
+            "skip_tokenizer_init",
+        }
         clash = sorted(reserved & set(self.server_args))
         if clash:
             raise ValueError(f"server_args may not set {clash}: they come from model/kv_cache/pool settings")
@@ -174,10 +204,14 @@ def _engine_kind(value: Any) -> str:
 
 
 EngineConfig = Annotated[
-    Annotated[VllmEngineConfig, Tag("vllm")] | Annotated[SimEngineConfig, Tag("sim")]
+    Annotated[VllmEngineConfig, Tag("vllm")]
+    | Annotated[SimEngineConfig, Tag("sim")]
     | Annotated[SglangEngineConfig, Tag("sglang")],
-    Discriminator(_engine_kind, custom_error_type="engine_kind",
-                  custom_error_message="engine.kind must be 'vllm', 'sim' or 'sglang'"),
+    Discriminator(
+        _engine_kind,
+        custom_error_type="engine_kind",
+        custom_error_message="engine.kind must be 'vllm', 'sim' or 'sglang'",
+    ),
 ]
 
 
@@ -192,7 +226,7 @@ class ServeAutoscaling(_Strict):
     downscale_delay_s: float = Field(default=600.0, ge=0)
 
     @model_validator(mode="after")
-    def _check(self) -> "ServeAutoscaling":
+    def _check(self) -> ServeAutoscaling:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
         return self
@@ -201,8 +235,10 @@ class ServeAutoscaling(_Strict):
 class PoolConfig(_Strict):
     replicas: PositiveInt = 1
     autoscaling: ServeAutoscaling | None = Field(
-        default=None, description="Ray Serve's default autoscaler for this pool, `replicas` the initial count; "
-        "None: a fixed count (or the SLA planner's, with planner.mode act).")
+        default=None,
+        description="Ray Serve's default autoscaler for this pool, `replicas` the initial count; "
+        "None: a fixed count (or the SLA planner's, with planner.mode act).",
+    )
     engine: EngineConfig
     num_cpus: float = Field(default=1.0, ge=0, description="Ray logical CPUs per replica.")
     resources: dict[str, PositiveFloat] = Field(
@@ -259,7 +295,8 @@ class FrontendConfig(_Strict):
         default=30.0, description="A prefill slower than this is abandoned and the decode replica prefills locally."
     )
     max_migrations: int = Field(
-        default=2, ge=0,
+        default=2,
+        ge=0,
         description="A stream whose decode replica fails moves to another replica at most this often.",
     )
     limits: LimitsConfig = LimitsConfig()
@@ -272,7 +309,7 @@ class FrontendConfig(_Strict):
     )
 
     @model_validator(mode="after")
-    def _check(self) -> "FrontendConfig":
+    def _check(self) -> FrontendConfig:
         if self.max_in_flight > self.max_ongoing_requests:
             raise ValueError("max_in_flight must not exceed max_ongoing_requests (Serve would queue before we admit)")
         return self
@@ -304,18 +341,26 @@ class ShapeRoutingConfig(_Strict):
     of every group (the request's reuse, wherever its prefix lives now)."""
 
     policy: ShapePolicy = ShapePolicy.SHAPE
-    prefix_group: str = Field(description="Group for prefix-heavy requests (e.g. SGLang pools): `primary` or the "
-                              "name of one of `pool_groups`.")
+    prefix_group: str = Field(
+        description="Group for prefix-heavy requests (e.g. SGLang pools): `primary` or the "
+        "name of one of `pool_groups`."
+    )
     unique_group: str = Field(default=PRIMARY_GROUP, description="Group for every other request.")
     min_prefix_reuse: float = Field(
-        default=0.5, gt=0, le=1,
+        default=0.5,
+        gt=0,
+        le=1,
         description="A request is prefix-heavy when at least this fraction of its prompt's full blocks is a "
-        "prefix some replica holds.")
+        "prefix some replica holds.",
+    )
     min_prompt_tokens: int = Field(
-        default=0, ge=0, description="Shorter prompts are `short_prompt` (too short for reuse to matter).")
+        default=0, ge=0, description="Shorter prompts are `short_prompt` (too short for reuse to matter)."
+    )
     max_output_tokens: PositiveInt | None = Field(
-        default=None, description="Requests asking for more output tokens are `long_output`: decode-dominated, "
-        "their prefix saves a small share of their work. None: no bound.")
+        default=None,
+        description="Requests asking for more output tokens are `long_output`: decode-dominated, "
+        "their prefix saves a small share of their work. None: no bound.",
+    )
 
 
 class RoutingConfig(_Strict):
@@ -329,18 +374,23 @@ class RoutingConfig(_Strict):
     )
     approximate_ttl_s: PositiveFloat = 120.0
     event_lag_ttl_s: float = Field(
-        default=5.0, ge=0,
+        default=5.0,
+        ge=0,
         description="With events, a route's blocks count as present on its replicas for this long, "
         "bridging the delay before the engine's events arrive (bursts of one prefix).",
     )
     prefill_weight: float = Field(
-        default=2.0, ge=0, description="Cost of an uncached prompt block vs a block of decode load. Dynamo's "
-        "default is 1; 2 keeps shared prefixes together under load (benchmarks/results/compare_routing.md).")
+        default=2.0,
+        ge=0,
+        description="Cost of an uncached prompt block vs a block of decode load. Dynamo's "
+        "default is 1; 2 keeps shared prefixes together under load (benchmarks/results/compare_routing.md).",
+    )
     temperature: float = Field(
         default=0.0, ge=0, description="0: lowest cost wins. >0: sample replicas by softmax over normalised costs."
     )
     local_prefill_max_tokens: int = Field(
-        default=512, ge=0,
+        default=512,
+        ge=0,
         description="Conditional disaggregation: a prompt with at most this many tokens uncached on the chosen "
         "decode replica is prefilled there, not sent to the prefill pool.",
     )
@@ -350,8 +400,10 @@ class RoutingConfig(_Strict):
         "queued than this; requests then prefill locally. None: never.",
     )
     shape: ShapeRoutingConfig | None = Field(
-        default=None, description="Routing among pool groups by request shape. None: every request to the "
-        "primary group (the top-level pools).")
+        default=None,
+        description="Routing among pool groups by request shape. None: every request to the "
+        "primary group (the top-level pools).",
+    )
 
 
 class SlaConfig(_Strict):
@@ -372,7 +424,7 @@ class PoolBounds(_Strict):
     max_replicas: PositiveInt = 8
 
     @model_validator(mode="after")
-    def _check(self) -> "PoolBounds":
+    def _check(self) -> PoolBounds:
         if self.min_replicas > self.max_replicas:
             raise ValueError(f"min_replicas {self.min_replicas} > max_replicas {self.max_replicas}")
         return self
@@ -385,38 +437,61 @@ class PlannerConfig(_Strict):
     mode: PlannerMode = PlannerMode.OFF
     interval_s: PositiveFloat = 30.0
     predictor: Literal["constant", "moving_average", "kalman", "seasonal"] = "kalman"
-    profile: str | None = Field(default=None, description="Engine profile (`orchestrator profile`); None: the "
-                                "simulated engine's roofline for simulated pools")
+    profile: str | None = Field(
+        default=None,
+        description="Engine profile (`orchestrator profile`); None: the "
+        "simulated engine's roofline for simulated pools",
+    )
     prefill: PoolBounds = PoolBounds()
     decode: PoolBounds = PoolBounds()
     max_gpus: PositiveInt | None = Field(default=None, description="GPU budget shared by both pools; None: no cap")
     budget_priority: Literal["decode", "prefill"] = Field(
-        default="decode", description="The pool served first when the GPU budget binds: decode (ITL breaks every "
-        "running stream) by default.")
+        default="decode",
+        description="The pool served first when the GPU budget binds: decode (ITL breaks every "
+        "running stream) by default.",
+    )
     scale_down_intervals: PositiveInt = Field(
-        default=3, description="Intervals in a row that must ask for fewer replicas before the pool shrinks.")
+        default=3, description="Intervals in a row that must ask for fewer replicas before the pool shrinks."
+    )
     queueing_factor: PositiveFloat = Field(
-        default=3.0, description="p99 TTFT over mean TTFT assumed when sizing prefill against the p99 target.")
+        default=3.0, description="p99 TTFT over mean TTFT assumed when sizing prefill against the p99 target."
+    )
     decode_utilization: float = Field(
-        default=0.8, gt=0, le=1, description="Share of a decode replica's ITL-bound batch the planner fills; the "
-        "rest absorbs bursts (a full batch makes new requests wait for a slot).")
+        default=0.8,
+        gt=0,
+        le=1,
+        description="Share of a decode replica's ITL-bound batch the planner fills; the "
+        "rest absorbs bursts (a full batch makes new requests wait for a slot).",
+    )
     replica_startup_s: float = Field(
-        default=0.0, ge=0, description="A new replica's start-up time: the planner also sizes for the interval "
-        "that starts this long after the next one (0: the next interval only).")
+        default=0.0,
+        ge=0,
+        description="A new replica's start-up time: the planner also sizes for the interval "
+        "that starts this long after the next one (0: the next interval only).",
+    )
     peak_memory_intervals: PositiveInt = Field(
-        default=3, description="Intervals of observed peak-to-mean prompt-token ratios the burst headroom remembers.")
+        default=3, description="Intervals of observed peak-to-mean prompt-token ratios the burst headroom remembers."
+    )
     peak_window_s: PositiveFloat = Field(
-        default=2.0, description="Width of the stretches over which replicas count arrived prompt tokens: the burst "
-        "headroom sizes prefill for the busiest such stretch of an interval.")
+        default=2.0,
+        description="Width of the stretches over which replicas count arrived prompt tokens: the burst "
+        "headroom sizes prefill for the busiest such stretch of an interval.",
+    )
     trend_damping: float = Field(
-        default=0.8, gt=0, le=1, description="kalman predictor: damping phi of its trend over the look-ahead "
+        default=0.8,
+        gt=0,
+        le=1,
+        description="kalman predictor: damping phi of its trend over the look-ahead "
         "(steps ahead: level + (phi + ... + phi^steps) x slope; 1: an undamped straight line). A noisy slope "
-        "extrapolated over the start-up time overshoots at every turn of the load.")
+        "extrapolated over the start-up time overshoots at every turn of the load.",
+    )
     correction_after_intervals: PositiveInt = Field(
-        default=2, description="Intervals in a row a pool must miss its target while sized for the load (the "
+        default=2,
+        description="Intervals in a row a pool must miss its target while sized for the load (the "
         "replicas the model asks for serving throughout, no queue inherited) before its correction rises: one "
         "interval's p99 is noisy and a burst is no wrong model, but a wrong model misses every interval. 1: "
-        "raise on the first such miss.")
+        "raise on the first such miss.",
+    )
 
 
 class NetworkConfig(_Strict):
@@ -432,7 +507,8 @@ class NetworkConfig(_Strict):
         "the prompt itself. None: vLLM's default (30 s).",
     )
     kv_lease_s: int = Field(
-        default=30, ge=6,
+        default=30,
+        ge=6,
         description="How long a prefill replica holds a prompt's KV blocks for a decode replica that has not read "
         "them (vLLM's `kv_lease_duration`; the decode side renews it every lease/6 s while it waits). A request "
         "whose decode never comes frees its blocks after this. At least 6: vLLM renews every lease // 6 s.",
@@ -489,7 +565,8 @@ class AppConfig(_Strict):
     )
     decode_pool: PoolConfig
     pool_groups: list[PoolGroupConfig] = Field(
-        default_factory=list, description="Further pool groups (same model); `routing.shape` chooses among them.")
+        default_factory=list, description="Further pool groups (same model); `routing.shape` chooses among them."
+    )
     frontend: FrontendConfig = FrontendConfig()
     routing: RoutingConfig = RoutingConfig()
     sla: SlaConfig = SlaConfig()
@@ -520,7 +597,7 @@ class AppConfig(_Strict):
     def all_pools(self) -> dict[str, PoolConfig]:
         return {name: pool for pools in self.group_pools().values() for name, pool in pools.items()}
 
-    def for_group(self, name: str) -> "AppConfig":
+    def for_group(self, name: str) -> AppConfig:
         """The application as the group's replicas see it: the group's pools as
         the top-level pools, no further groups, no shape routing. Every other
         setting (model, kv_cache, routing, network) is the application's."""
@@ -532,29 +609,38 @@ class AppConfig(_Strict):
                 raise KeyError(f"no pool group {name!r} (groups: {self.group_names()})")
             group_prefill, group_decode = group.prefill_pool, group.decode_pool
         args = self.model_dump(mode="json")
-        args.update(prefill_pool=group_prefill.model_dump(mode="json") if group_prefill else None,
-                    decode_pool=group_decode.model_dump(mode="json"), pool_groups=[])
+        args.update(
+            prefill_pool=group_prefill.model_dump(mode="json") if group_prefill else None,
+            decode_pool=group_decode.model_dump(mode="json"),
+            pool_groups=[],
+        )
         args["routing"]["shape"] = None
         return AppConfig.model_validate(args)
 
     @model_validator(mode="after")
-    def _check(self) -> "AppConfig":
+    def _check(self) -> AppConfig:
         if self.planner.mode is PlannerMode.ACT and any(p.autoscaling for p in self.pools().values()):
-            raise ValueError("a pool's `autoscaling` (Ray Serve's autoscaler) and planner.mode act both resize it: "
-                             "choose one")
+            raise ValueError(
+                "a pool's `autoscaling` (Ray Serve's autoscaler) and planner.mode act both resize it: choose one"
+            )
         if self.frontend.data_plane is DataPlane.DIRECT and any(p.autoscaling for p in self.all_pools().values()):
-            raise ValueError("a pool's `autoscaling` (Ray Serve's autoscaler) counts requests sent through Serve "
-                             "handles only: set frontend.data_plane: serve with it")
+            raise ValueError(
+                "a pool's `autoscaling` (Ray Serve's autoscaler) counts requests sent through Serve "
+                "handles only: set frontend.data_plane: serve with it"
+            )
         if self.planner.mode is not PlannerMode.OFF:
             if self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None:
                 raise ValueError("planner.mode needs both sla.ttft_p99_ms and sla.itl_p50_ms")
             engine = self.decode_pool.engine
             if self.planner.profile is None and _adapter(engine).planner_inputs(engine).own_performance is None:
-                raise ValueError(f"planner.profile is required for {engine.kind} pools "
-                                 "(make one with `orchestrator profile`)")
+                raise ValueError(
+                    f"planner.profile is required for {engine.kind} pools (make one with `orchestrator profile`)"
+                )
             if self.pool_groups:
-                raise ValueError("the SLA planner sizes the primary pools only: planner.mode must be off when "
-                                 f"pool_groups are configured (groups: {[g.name for g in self.pool_groups]})")
+                raise ValueError(
+                    "the SLA planner sizes the primary pools only: planner.mode must be off when "
+                    f"pool_groups are configured (groups: {[g.name for g in self.pool_groups]})"
+                )
         self._check_groups()
         for name, pool in self.all_pools().items():
             if pool.engine.device is Device.CPU and self.kv_cache.block_size % CPU_BLOCK_SIZE_MULTIPLE:
@@ -617,10 +703,13 @@ def _check_kv_handoff(group: str, pools: dict[str, PoolConfig]) -> None:
     handoffs = {name: _adapter(pool.engine).kv_handoff for name, pool in pools.items()}
     if len(set(handoffs.values())) > 1:
         where = "" if group == PRIMARY_GROUP else f"pool_groups[{group}]: "
-        sides = ", ".join(f"{name} is kind {pools[name].engine.kind} ({handoff.value})"
-                          for name, handoff in handoffs.items())
-        raise ValueError(f"{where}prefill and decode pools hand KV over differently ({sides}): a pool hands KV "
-                         "over only to or from a pool of the same handoff (an SGLang pool: another SGLang pool)")
+        sides = ", ".join(
+            f"{name} is kind {pools[name].engine.kind} ({handoff.value})" for name, handoff in handoffs.items()
+        )
+        raise ValueError(
+            f"{where}prefill and decode pools hand KV over differently ({sides}): a pool hands KV "
+            "over only to or from a pool of the same handoff (an SGLang pool: another SGLang pool)"
+        )
 
 
 def load_serve_config(path: str | Path) -> dict[str, Any]:

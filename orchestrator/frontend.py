@@ -66,9 +66,13 @@ class FrontendParts:
         return {name: pool.replicas() for name, pool in self.pools().items()}
 
     def groups_report(self) -> dict[str, Any]:
-        return {name: {"mode": "aggregated" if group.prefill is None else "disaggregated",
-                       "pools": [c.name for c in group.clients()]}
-                for name, group in self.groups.items()}
+        return {
+            name: {
+                "mode": "aggregated" if group.prefill is None else "disaggregated",
+                "pools": [c.name for c in group.clients()],
+            }
+            for name, group in self.groups.items()
+        }
 
     def health(self) -> Health:
         """Ready once every pool has a replica."""
@@ -103,9 +107,14 @@ class FrontendParts:
         }
 
 
-def build_frontend(config: AppConfig, groups: Mapping[str, PoolGroup], tokenizer: Tokenizer,
-                   created: int | None = None, wall_clock: Callable[[], float] = time.time,
-                   new_id: Callable[[], str] | None = None) -> FrontendParts:
+def build_frontend(
+    config: AppConfig,
+    groups: Mapping[str, PoolGroup],
+    tokenizer: Tokenizer,
+    created: int | None = None,
+    wall_clock: Callable[[], float] = time.time,
+    new_id: Callable[[], str] | None = None,
+) -> FrontendParts:
     """The frontend over `groups` (the primary group first); `tokenizer` renders prompts and output text.
     `created` (the model card's), `wall_clock` (responses' `created`) and `new_id` (response ids) are
     injected for tests; by default the current time and random ids."""
@@ -120,24 +129,35 @@ def build_frontend(config: AppConfig, groups: Mapping[str, PoolGroup], tokenizer
     metrics = FrontendMetrics(pools=pool_views)
     loads = [s.load for s in routing.schedulers.values() if getattr(s, "load", None) is not None]
     metrics.add_collector(SchedulerCollector(routing.index, CombinedLoad(loads) if loads else None, pool_views))
-    paths = {name: _request_path(config, group, routing.schedulers[name], metrics, tokenizer)
-             for name, group in groups.items()}
+    paths = {
+        name: _request_path(config, group, routing.schedulers[name], metrics, tokenizer)
+        for name, group in groups.items()
+    }
     model = config.model
-    card = ModelCard(name=model.name, max_model_len=model.max_model_len,
-                     created=int(time.time()) if created is None else created)
+    card = ModelCard(
+        name=model.name, max_model_len=model.max_model_len, created=int(time.time()) if created is None else created
+    )
     frontend = config.frontend
-    service = CompletionService(card, PromptRenderer(tokenizer), paths[PRIMARY_GROUP], metrics,
-                                limits=frontend.limits, gate=AdmissionGate(frontend.max_in_flight),
-                                retry_after_s=frontend.retry_after_s, group_paths=paths,
-                                shape_router=routing.shape_router, wall_clock=wall_clock,
-                                **({"new_id": new_id} if new_id is not None else {}))
-    kv_events = KVEventSubscriber(list(pools.values()), routing.ingest, metrics,
-                                  subscribe=publishes_kv_events(config))
+    service = CompletionService(
+        card,
+        PromptRenderer(tokenizer),
+        paths[PRIMARY_GROUP],
+        metrics,
+        limits=frontend.limits,
+        gate=AdmissionGate(frontend.max_in_flight),
+        retry_after_s=frontend.retry_after_s,
+        group_paths=paths,
+        shape_router=routing.shape_router,
+        wall_clock=wall_clock,
+        **({"new_id": new_id} if new_id is not None else {}),
+    )
+    kv_events = KVEventSubscriber(list(pools.values()), routing.ingest, metrics, subscribe=publishes_kv_events(config))
     return FrontendParts(config, dict(groups), routing, metrics, paths, service, kv_events)
 
 
-def _request_path(config: AppConfig, group: PoolGroup, scheduler: Scheduler, metrics: FrontendMetrics,
-                  tokenizer: Tokenizer) -> RequestPath:
+def _request_path(
+    config: AppConfig, group: PoolGroup, scheduler: Scheduler, metrics: FrontendMetrics, tokenizer: Tokenizer
+) -> RequestPath:
     return RequestPath(
         decode_pool=group.decode,
         prefill_pool=group.prefill,

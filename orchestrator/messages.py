@@ -62,7 +62,7 @@ class EngineRequest:
     # The replica the scheduler chose (Serve replica unique id); None lets Serve pick.
     target_replica: str | None = None
 
-    def for_prefill(self, replica: str | None) -> "EngineRequest":
+    def for_prefill(self, replica: str | None) -> EngineRequest:
         """The request sent to a prefill replica: the same prompt and sampling,
         one token, KV kept for a remote decode."""
         return replace(
@@ -73,10 +73,10 @@ class EngineRequest:
             target_replica=replica,
         )
 
-    def for_decode(self, replica: str | None, kv_transfer: KVTransfer | None) -> "EngineRequest":
+    def for_decode(self, replica: str | None, kv_transfer: KVTransfer | None) -> EngineRequest:
         return replace(self, kv_transfer=kv_transfer, target_replica=replica)
 
-    def continued(self, generated: Sequence[int], attempt: int) -> "EngineRequest":
+    def continued(self, generated: Sequence[int], attempt: int) -> EngineRequest:
         """The rest of this request after `generated` tokens, to run elsewhere:
         those tokens join the prompt (the new replica computes their KV) and
         the output budget shrinks by as many. Greedy decoding then continues
@@ -86,8 +86,9 @@ class EngineRequest:
             self,
             request_id=f"{self.request_id}-m{attempt}",
             prompt_token_ids=self.prompt_token_ids + tuple(generated),
-            sampling=replace(s, max_tokens=s.max_tokens - len(generated),
-                             min_tokens=max(0, s.min_tokens - len(generated))),
+            sampling=replace(
+                s, max_tokens=s.max_tokens - len(generated), min_tokens=max(0, s.min_tokens - len(generated))
+            ),
             kv_transfer=None,
             target_replica=None,
         )

@@ -24,8 +24,16 @@ E2E_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 3
 # (stats field, metric suffix, help)
 _ENGINE_COUNTERS = (
     ("prompt_tokens_computed_total", "engine_prompt_tokens_computed", "Prompt tokens the engine computed."),
-    ("prompt_tokens_local_cache_total", "engine_prompt_tokens_cached", "Prompt tokens served from the local prefix cache."),
-    ("prompt_tokens_transferred_total", "engine_prompt_tokens_transferred", "Prompt tokens whose KV arrived by transfer."),
+    (
+        "prompt_tokens_local_cache_total",
+        "engine_prompt_tokens_cached",
+        "Prompt tokens served from the local prefix cache.",
+    ),
+    (
+        "prompt_tokens_transferred_total",
+        "engine_prompt_tokens_transferred",
+        "Prompt tokens whose KV arrived by transfer.",
+    ),
     ("generation_tokens_total", "engine_generation_tokens", "Tokens the engine generated."),
     ("kv_transfers_total", "kv_transfers", "Completed KV transfers into this replica."),
     ("kv_transfer_failures_total", "kv_transfer_failures", "Failed KV transfers or handshakes."),
@@ -69,47 +77,73 @@ class FrontendMetrics:
     def __init__(self, pools: Callable[[], dict[str, list[ReplicaView]]] | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "Time to first token.", registry=r, buckets=TTFT_BUCKETS)
-        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds", "Time between streamed tokens.", registry=r, buckets=ITL_BUCKETS)
-        self.e2e = Histogram(f"{PREFIX}_e2e_request_latency_seconds", "Request latency, arrival to last token.", registry=r, buckets=E2E_BUCKETS)
-        self.requests = Counter(f"{PREFIX}_requests", "Requests by endpoint and outcome.", ["endpoint", "outcome"], registry=r)
+        self.ttft = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds", "Time to first token.", registry=r, buckets=TTFT_BUCKETS
+        )
+        self.itl = Histogram(
+            f"{PREFIX}_inter_token_latency_seconds", "Time between streamed tokens.", registry=r, buckets=ITL_BUCKETS
+        )
+        self.e2e = Histogram(
+            f"{PREFIX}_e2e_request_latency_seconds",
+            "Request latency, arrival to last token.",
+            registry=r,
+            buckets=E2E_BUCKETS,
+        )
+        self.requests = Counter(
+            f"{PREFIX}_requests", "Requests by endpoint and outcome.", ["endpoint", "outcome"], registry=r
+        )
         self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens received.", registry=r)
         self.cached_prompt_tokens = Counter(
-            f"{PREFIX}_cached_prompt_tokens", "Prompt tokens the decode engine did not compute (cache or transfer).", registry=r
+            f"{PREFIX}_cached_prompt_tokens",
+            "Prompt tokens the decode engine did not compute (cache or transfer).",
+            registry=r,
         )
         self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated.", registry=r)
         self.route_decisions = Counter(
             f"{PREFIX}_route_decisions", "Routing decisions by kind and reason.", ["kind", "reason"], registry=r
         )
         self.shape_decisions = Counter(
-            f"{PREFIX}_shape_route_decisions", "Requests per pool group and measured shape class (routing.shape).",
-            ["group", "shape"], registry=r,
+            f"{PREFIX}_shape_route_decisions",
+            "Requests per pool group and measured shape class (routing.shape).",
+            ["group", "shape"],
+            registry=r,
         )
         self.shape_prefix_reuse = Histogram(
-            f"{PREFIX}_shape_prefix_reuse_ratio", "Measured prefix reuse of routed requests: longest cached prefix "
-            "over the prompt's blocks (routing.shape).", registry=r,
+            f"{PREFIX}_shape_prefix_reuse_ratio",
+            "Measured prefix reuse of routed requests: longest cached prefix over the prompt's blocks (routing.shape).",
+            registry=r,
             buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.95, 1.0),
         )
         self.decision_seconds = Histogram(
-            f"{PREFIX}_scheduler_decision_seconds", "Time to choose a route.", registry=r,
+            f"{PREFIX}_scheduler_decision_seconds",
+            "Time to choose a route.",
+            registry=r,
             buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2),
         )
         self.hop_seconds = Histogram(
-            f"{PREFIX}_request_hop_seconds", "Where a request's time to first token goes, by hop: prepare (body "
+            f"{PREFIX}_request_hop_seconds",
+            "Where a request's time to first token goes, by hop: prepare (body "
             "parsed, validated, tokenized), route (scheduler), prefill (remote prefill call), first_chunk (decode "
             "call sent to its first chunk back: the replica hop, the engine's queue and first step).",
-            ["hop"], registry=r, buckets=HOP_BUCKETS,
+            ["hop"],
+            registry=r,
+            buckets=HOP_BUCKETS,
         )
         self.predicted_cached_tokens = Counter(
             f"{PREFIX}_predicted_cached_prompt_tokens",
-            "Prompt tokens the scheduler expected the prefilling replica to find cached.", registry=r,
+            "Prompt tokens the scheduler expected the prefilling replica to find cached.",
+            registry=r,
         )
         self.engine_cached_tokens = Counter(
             f"{PREFIX}_engine_cached_prompt_tokens",
-            "Prompt tokens the prefilling replica reported as prefix-cache hits.", registry=r,
+            "Prompt tokens the prefilling replica reported as prefix-cache hits.",
+            registry=r,
         )
         self.prefill_fallbacks = Counter(
-            f"{PREFIX}_prefill_fallbacks", "Remote prefills abandoned for a local prefill, by reason.", ["reason"], registry=r
+            f"{PREFIX}_prefill_fallbacks",
+            "Remote prefills abandoned for a local prefill, by reason.",
+            ["reason"],
+            registry=r,
         )
         self.migrations = Counter(
             f"{PREFIX}_decode_migrations", "Streams moved to another decode replica after theirs failed.", registry=r
@@ -117,24 +151,32 @@ class FrontendMetrics:
         self.kv_handoffs = Counter(
             f"{PREFIX}_kv_handoffs", "Remote prefills whose KV was handed to a decode replica.", registry=r
         )
-        self.kv_handoff_blocks = Counter(f"{PREFIX}_kv_handoff_blocks", "KV blocks handed to decode replicas.", registry=r)
+        self.kv_handoff_blocks = Counter(
+            f"{PREFIX}_kv_handoff_blocks", "KV blocks handed to decode replicas.", registry=r
+        )
         self.prefill_latency = Histogram(
             f"{PREFIX}_remote_prefill_seconds", "Latency of remote prefill calls.", registry=r, buckets=TTFT_BUCKETS
         )
-        self.kv_event_batches = Counter(f"{PREFIX}_kv_event_batches", "KV event batches applied to the index.", registry=r)
+        self.kv_event_batches = Counter(
+            f"{PREFIX}_kv_event_batches", "KV event batches applied to the index.", registry=r
+        )
         self.kv_event_blocks = Counter(
             f"{PREFIX}_kv_event_blocks", "Blocks stored or removed in the index by engine events.", ["op"], registry=r
         )
         self.kv_event_resyncs = Counter(
             f"{PREFIX}_kv_event_resyncs", "Replicas whose index entries were dropped, by cause.", ["reason"], registry=r
         )
-        self.kv_events_malformed = Counter(f"{PREFIX}_kv_events_malformed", "KV event batches dropped as undecodable.", registry=r)
+        self.kv_events_malformed = Counter(
+            f"{PREFIX}_kv_events_malformed", "KV event batches dropped as undecodable.", registry=r
+        )
         self.kv_event_stream_failures = Counter(
             f"{PREFIX}_kv_event_stream_failures", "KV event subscriptions that failed and were restarted.", registry=r
         )
         self.kv_event_delay = Histogram(
-            f"{PREFIX}_kv_event_delay_seconds", "From an engine publishing a KV event batch to the index applying it.",
-            registry=r, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+            f"{PREFIX}_kv_event_delay_seconds",
+            "From an engine publishing a KV event batch to the index applying it.",
+            registry=r,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
         )
         if pools is not None:
             r.register(_PoolCollector(pools))

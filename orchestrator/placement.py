@@ -53,7 +53,8 @@ def check_layout(demand: Mapping[str, tuple[int, int]], gpus_per_node: int, node
         if gpus > gpus_per_node:
             raise ValueError(
                 f"{name}: a replica needs {gpus} GPUs (tensor_parallel_size) but a node has {gpus_per_node}; "
-                "a replica's ranks must share one node")
+                "a replica's ranks must share one node"
+            )
     if nodes is None:
         return
     sizes = sorted((g for g, n in demand.values() for _ in range(n) if g), reverse=True)
@@ -64,5 +65,6 @@ def check_layout(demand: Mapping[str, tuple[int, int]], gpus_per_node: int, node
             wanted = ", ".join(f"{name} {n}x{g}" for name, (g, n) in demand.items() if g)
             raise ValueError(
                 f"the pools need {sum(sizes)} GPUs as whole replicas ({wanted}) but the cluster has "
-                f"{nodes} node(s) x {gpus_per_node} GPUs; lower replicas/max_replicas or add nodes")
+                f"{nodes} node(s) x {gpus_per_node} GPUs; lower replicas/max_replicas or add nodes"
+            )
         free[slot] -= size

@@ -43,9 +43,9 @@ from orchestrator.engines.base import (
     KVHandoff,
     rendezvous_transfer,
 )
+from orchestrator.messages import EngineChunk, EngineRequest, KVTransfer, PrefillResult
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import PoolClient, ReplicaView
-from orchestrator.messages import EngineChunk, EngineRequest, KVTransfer, PrefillResult
 from orchestrator.routing.base import RouteDecision, Scheduler
 
 log = logging.getLogger(__name__)
@@ -133,8 +133,13 @@ class RequestPath:
         finally:
             self.scheduler.on_request_finished(request.request_id)
 
-    async def _decode(self, original: EngineRequest, request: EngineRequest, trace: RequestTrace,
-                      concurrent_with: ReplicaView | None = None) -> AsyncIterator[EngineChunk]:
+    async def _decode(
+        self,
+        original: EngineRequest,
+        request: EngineRequest,
+        trace: RequestTrace,
+        concurrent_with: ReplicaView | None = None,
+    ) -> AsyncIterator[EngineChunk]:
         """Stream `request`; `concurrent_with` is a CONCURRENT prefill replica
         to hand the prompt's KV over from while the decode runs."""
         generated: list[int] = []
@@ -145,8 +150,11 @@ class RequestPath:
             needs_prefill = request.kv_transfer is None and not self._prefills_locally(request.target_replica)
             if concurrent_with is None and needs_prefill:
                 concurrent_with = self._fallback_prefill_view(failed_prefills)
-            source = (self.decode_pool.generate(request) if concurrent_with is None
-                      else self._concurrent_handoff(request, concurrent_with, trace))
+            source = (
+                self.decode_pool.generate(request)
+                if concurrent_with is None
+                else self._concurrent_handoff(request, concurrent_with, trace)
+            )
             sent = self.clock()
             try:
                 async with contextlib.aclosing(source) as chunks:
@@ -174,8 +182,14 @@ class RequestPath:
                 self.metrics.migrations.inc()
                 if request.target_replica is not None:
                     failed.add(request.target_replica)
-                log.warning("decode of %s failed after %d tokens (%s: %s); migrating (attempt %d)",
-                            original.request_id, len(generated), type(e).__name__, e, trace.migrations)
+                log.warning(
+                    "decode of %s failed after %d tokens (%s: %s); migrating (attempt %d)",
+                    original.request_id,
+                    len(generated),
+                    type(e).__name__,
+                    e,
+                    trace.migrations,
+                )
                 request = self._migrate(original, generated, failed, trace.migrations)
                 concurrent_with = None
 
@@ -186,7 +200,7 @@ class RequestPath:
         text = self.detokenize(generated)
         if not finished and text.endswith("\ufffd"):
             return ""
-        return text[len(sent_text):]
+        return text[len(sent_text) :]
 
     def _migrate(self, original: EngineRequest, generated: list[int], failed: set[str], attempt: int) -> EngineRequest:
         """The continuation, routed to a decode replica that has not failed it."""
@@ -214,17 +228,18 @@ class RequestPath:
             raise EngineError("the decode replica cannot prefill locally and no prefill replica is left to do it")
         return self.rng.choice(candidates)
 
-    async def _concurrent_handoff(self, request: EngineRequest, prefill: ReplicaView,
-                                  trace: RequestTrace) -> AsyncIterator[EngineChunk]:
+    async def _concurrent_handoff(
+        self, request: EngineRequest, prefill: ReplicaView, trace: RequestTrace
+    ) -> AsyncIterator[EngineChunk]:
         """Prefill on `prefill` and decode `request` at once, through a fresh
         rendezvous. Raises `_ConcurrentPrefillFailed` (decode aborted) when the
         prefill fails or times out before the decode stream yields a chunk; a
         prefill failing after that is moot (the decode already has the KV)."""
         assert prefill.info is not None
-        kv = rendezvous_transfer(prefill.info, len(request.prompt_token_ids),
-                                 self.rng.getrandbits(BOOTSTRAP_ROOM_BITS))
+        kv = rendezvous_transfer(prefill.info, len(request.prompt_token_ids), self.rng.getrandbits(BOOTSTRAP_ROOM_BITS))
         prefill_call = asyncio.ensure_future(
-            self._remote_prefill(replace(request.for_prefill(prefill.replica_id), kv_transfer=kv), trace))
+            self._remote_prefill(replace(request.for_prefill(prefill.replica_id), kv_transfer=kv), trace)
+        )
         try:
             async with contextlib.aclosing(self.decode_pool.generate(replace(request, kv_transfer=kv))) as chunks:
                 first = asyncio.ensure_future(anext(chunks))
@@ -261,11 +276,15 @@ class RequestPath:
             result = await asyncio.wait_for(self.prefill_pool.prefill(request), self.prefill_timeout_s)
         except EngineRequestRejected:
             raise  # the request itself is invalid; a local prefill would refuse it too
-        except asyncio.TimeoutError:
+        except TimeoutError:
             trace.fallback = FallbackReason.TIMEOUT
         except Exception as e:  # a dead or failing prefill replica
-            log.warning("remote prefill of %s failed (%s: %s); prefilling on the decode replica",
-                        request.request_id, type(e).__name__, e)
+            log.warning(
+                "remote prefill of %s failed (%s: %s); prefilling on the decode replica",
+                request.request_id,
+                type(e).__name__,
+                e,
+            )
             trace.fallback = FallbackReason.ERROR
         else:
             took = self.clock() - start

@@ -60,10 +60,7 @@ def is_complete(model_dir: str | Path) -> bool:
 
 def _corpus(seed: int, n_sentences: int = 4000) -> list[str]:
     rng = random.Random(seed)
-    return [
-        " ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 16))) + "."
-        for _ in range(n_sentences)
-    ]
+    return [" ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 16))) + "." for _ in range(n_sentences)]
 
 
 def _train_tokenizer(spec: TinyModelSpec):

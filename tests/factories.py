@@ -81,9 +81,15 @@ class FakePool:
         if self.prefill_error is not None:
             raise self.prefill_error
         n = len(request.prompt_token_ids)
-        transfer = KVTransfer(source_engine_id="prefill-engine", num_blocks=(n + 31) // 32, num_tokens=n,
-                              engine_params={"remote_block_ids": [[1, 2]]})
-        return PrefillResult(kv_transfer=transfer, num_prompt_tokens=n, num_cached_tokens=7, replica_id=request.target_replica)
+        transfer = KVTransfer(
+            source_engine_id="prefill-engine",
+            num_blocks=(n + 31) // 32,
+            num_tokens=n,
+            engine_params={"remote_block_ids": [[1, 2]]},
+        )
+        return PrefillResult(
+            kv_transfer=transfer, num_prompt_tokens=n, num_cached_tokens=7, replica_id=request.target_replica
+        )
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         """Greedy and deterministic: output token k of an original prompt is
@@ -141,22 +147,36 @@ def make_frontend(
     decode = decode or FakePool("decode_pool")
     prefill = (prefill or FakePool("prefill_pool")) if disaggregated else None
     engine = {"engine": {"kind": "sim"}}
-    config = AppConfig.model_validate({
-        "model": {"name": MODEL, "source": "org/test-model", "max_model_len": max_model_len},
-        "decode_pool": engine, **({"prefill_pool": engine} if prefill else {}),
-        "routing": {"policy": "round_robin"},
-        "frontend": {"prefill_timeout_s": prefill_timeout_s, "limits": limits.model_dump(),
-                     "max_in_flight": max_in_flight, "retry_after_s": 2},
-    })
+    config = AppConfig.model_validate(
+        {
+            "model": {"name": MODEL, "source": "org/test-model", "max_model_len": max_model_len},
+            "decode_pool": engine,
+            **({"prefill_pool": engine} if prefill else {}),
+            "routing": {"policy": "round_robin"},
+            "frontend": {
+                "prefill_timeout_s": prefill_timeout_s,
+                "limits": limits.model_dump(),
+                "max_in_flight": max_in_flight,
+                "retry_after_s": 2,
+            },
+        }
+    )
     ids = iter(range(1_000_000))
-    parts = build_frontend(config, {PRIMARY_GROUP: PoolGroup(decode, prefill)}, WordTokenizer(), created=0,
-                           wall_clock=lambda: 1_700_000_000.0, new_id=lambda: f"req{next(ids)}")
+    parts = build_frontend(
+        config,
+        {PRIMARY_GROUP: PoolGroup(decode, prefill)},
+        WordTokenizer(),
+        created=0,
+        wall_clock=lambda: 1_700_000_000.0,
+        new_id=lambda: f"req{next(ids)}",
+    )
 
     async def health():
         return parts.health()
 
-    hooks = AppHooks(health=health, pools=parts.pools_report, max_request_bytes=limits.max_request_bytes,
-                     api_key=api_key)
+    hooks = AppHooks(
+        health=health, pools=parts.pools_report, max_request_bytes=limits.max_request_bytes, api_key=api_key
+    )
     app = build_openai_app(parts.service, hooks)
     return Frontend(parts.service, parts.metrics, decode, prefill, app, parts)
 

@@ -32,15 +32,42 @@ from tools.workloads import RequestSpec, replay_offsets
 SCHEMA = "orchestrator-bench/1"
 DEFAULT_CONCURRENCY = (1, 4, 8, 16, 32, 48, 64)
 
-_PCTS = {"type": "object", "required": ["p50", "p90", "p99", "mean"],
-         "properties": {k: {"type": ["number", "null"]} for k in ("p50", "p90", "p99", "mean")}}
+_PCTS = {
+    "type": "object",
+    "required": ["p50", "p90", "p99", "mean"],
+    "properties": {k: {"type": ["number", "null"]} for k in ("p50", "p90", "p99", "mean")},
+}
 _RUN = {
     "type": "object",
-    "required": ["duration_s", "sent", "completed", "failed", "errors", "prompt_tokens", "output_tokens",
-                 "request_throughput", "output_token_throughput", "total_token_throughput", "goodput_requests",
-                 "goodput_output_tokens", "ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "slo_attained", "prefix_hit_rate"],
-    "properties": {"ttft_ms": _PCTS, "itl_ms": _PCTS, "tpot_ms": _PCTS, "e2e_ms": _PCTS,
-                   "sent": {"type": "integer"}, "completed": {"type": "integer"}, "failed": {"type": "integer"}},
+    "required": [
+        "duration_s",
+        "sent",
+        "completed",
+        "failed",
+        "errors",
+        "prompt_tokens",
+        "output_tokens",
+        "request_throughput",
+        "output_token_throughput",
+        "total_token_throughput",
+        "goodput_requests",
+        "goodput_output_tokens",
+        "ttft_ms",
+        "itl_ms",
+        "tpot_ms",
+        "e2e_ms",
+        "slo_attained",
+        "prefix_hit_rate",
+    ],
+    "properties": {
+        "ttft_ms": _PCTS,
+        "itl_ms": _PCTS,
+        "tpot_ms": _PCTS,
+        "e2e_ms": _PCTS,
+        "sent": {"type": "integer"},
+        "completed": {"type": "integer"},
+        "failed": {"type": "integer"},
+    },
 }
 # JSON Schema of a result document (checked by the tests).
 RESULT_SCHEMA = {
@@ -54,8 +81,11 @@ RESULT_SCHEMA = {
         "dataset": {"type": "object", "required": ["kind"]},
         "load": {"type": "object", "required": ["mode"]},
         "slo": {"type": "object", "additionalProperties": {"type": "number"}},
-        "sweep": {"type": "array", "minItems": 1,
-                  "items": {"allOf": [_RUN, {"type": "object", "required": ["concurrency"]}]}},
+        "sweep": {
+            "type": "array",
+            "minItems": 1,
+            "items": {"allOf": [_RUN, {"type": "object", "required": ["concurrency"]}]},
+        },
         "knee": {"oneOf": [{"type": "null"}, {"allOf": [_RUN, {"type": "object", "required": ["concurrency"]}]}]},
     },
 }
@@ -75,8 +105,12 @@ def hardware() -> dict[str, Any]:
             cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
     except OSError:
         pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "gpu": os.environ.get("BENCH_GPU") or None,
-            "platform": platform.platform()}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "gpu": os.environ.get("BENCH_GPU") or None,
+        "platform": platform.platform(),
+    }
 
 
 @dataclass
@@ -124,12 +158,19 @@ class BenchRun:
         }
 
 
-async def sweep(target: Target, make_requests: Callable[[int, int], Sequence[RequestSpec]], concurrencies: Sequence[int],
-                requests_per_point: Callable[[int], int], slo: list[SloTerm], max_concurrency: int,
-                on_point: Callable[[SweepPoint], None] = lambda p: None,
-                progress: Callable[[int], Callable[[], None]] = lambda n: (lambda: None)) -> list[SweepPoint]:
+async def sweep(
+    target: Target,
+    make_requests: Callable[[int, int], Sequence[RequestSpec]],
+    concurrencies: Sequence[int],
+    requests_per_point: Callable[[int], int],
+    slo: list[SloTerm],
+    max_concurrency: int,
+    on_point: Callable[[SweepPoint], None] = lambda p: None,
+    progress: Callable[[int], Callable[[], None]] = lambda n: lambda: None,
+) -> list[SweepPoint]:
     """A concurrency sweep against a server. `make_requests(n, offset)` gives n
     fresh requests (offset: how many came before)."""
+
     async def run_point(concurrency: int, specs: Sequence[RequestSpec]) -> RunResult:
         records, duration = await run_concurrency(target, specs, concurrency, progress(len(specs)))
         return summarize(records, duration, slo)
@@ -137,10 +178,14 @@ async def sweep(target: Target, make_requests: Callable[[int, int], Sequence[Req
     return await sweep_with(run_point, make_requests, concurrencies, requests_per_point, max_concurrency, on_point)
 
 
-async def sweep_with(run_point: Callable[[int, Sequence[RequestSpec]], Awaitable[RunResult]],
-                     make_requests: Callable[[int, int], Sequence[RequestSpec]], concurrencies: Sequence[int],
-                     requests_per_point: Callable[[int], int], max_concurrency: int,
-                     on_point: Callable[[SweepPoint], None] = lambda p: None) -> list[SweepPoint]:
+async def sweep_with(
+    run_point: Callable[[int, Sequence[RequestSpec]], Awaitable[RunResult]],
+    make_requests: Callable[[int, int], Sequence[RequestSpec]],
+    concurrencies: Sequence[int],
+    requests_per_point: Callable[[int], int],
+    max_concurrency: int,
+    on_point: Callable[[SweepPoint], None] = lambda p: None,
+) -> list[SweepPoint]:
     """The sweep itself, whatever runs a point (a server, the simulator): the
     levels given, then x1.5 past the last one until goodput falls below half
     its best or `max_concurrency` is reached."""
@@ -165,14 +210,26 @@ async def sweep_with(run_point: Callable[[int, Sequence[RequestSpec]], Awaitable
     return points
 
 
-async def run_rate(target: Target, specs: Sequence[RequestSpec], rate: float, slo: list[SloTerm], seed: int,
-                   progress: Callable[[], None] = lambda: None) -> RunResult:
+async def run_rate(
+    target: Target,
+    specs: Sequence[RequestSpec],
+    rate: float,
+    slo: list[SloTerm],
+    seed: int,
+    progress: Callable[[], None] = lambda: None,
+) -> RunResult:
     records, duration = await run_schedule(target, specs, poisson_offsets(len(specs), rate, seed), progress)
     return summarize(records, duration, slo)
 
 
-async def run_trace(target: Target, specs: Sequence[RequestSpec], time_scale: float, rate_scale: float,
-                    slo: list[SloTerm], progress: Callable[[], None] = lambda: None) -> RunResult:
+async def run_trace(
+    target: Target,
+    specs: Sequence[RequestSpec],
+    time_scale: float,
+    rate_scale: float,
+    slo: list[SloTerm],
+    progress: Callable[[], None] = lambda: None,
+) -> RunResult:
     records, duration = await run_schedule(target, specs, replay_offsets(list(specs), time_scale, rate_scale), progress)
     return summarize(records, duration, slo)
 

@@ -35,8 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--precision", default="unknown")
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--no-ignore-eos", action="store_true", help="let requests stop at EOS (lengths then vary)")
-    p.add_argument("--text-prompts", action="store_true",
-                   help="send prompts as text (needs --tokenizer; prompts use whole-word tokens that round-trip)")
+    p.add_argument(
+        "--text-prompts",
+        action="store_true",
+        help="send prompts as text (needs --tokenizer; prompts use whole-word tokens that round-trip)",
+    )
     add_workload_arguments(p)
 
 
@@ -93,15 +96,33 @@ def token_pool(args: argparse.Namespace, tokenizer) -> TokenPool:
 def make_workload(args: argparse.Namespace, pool: TokenPool):
     if args.workload == "synthetic":
         return SyntheticWorkload(
-            isl=LengthDist(args.isl, args.isl_std, max=args.max_isl), osl=LengthDist(args.osl, args.osl_std, max=args.max_osl),
-            pool=pool, shared_prefix_fraction=args.shared_prefix, num_prefixes=args.num_prefixes, seed=args.seed)
+            isl=LengthDist(args.isl, args.isl_std, max=args.max_isl),
+            osl=LengthDist(args.osl, args.osl_std, max=args.max_osl),
+            pool=pool,
+            shared_prefix_fraction=args.shared_prefix,
+            num_prefixes=args.num_prefixes,
+            seed=args.seed,
+        )
     if not args.trace_path:
         raise SystemExit("--trace-path is required for trace workloads")
     if args.workload == "mooncake":
-        return MooncakeTrace(args.trace_path, pool, block_tokens=args.block_tokens, osl_scale=args.osl_scale,
-                             max_osl=args.max_osl, max_isl=args.max_isl)
-    return AzureTrace(args.trace_path, pool, isl_scale=args.isl_scale, osl_scale=args.osl_scale or 1.0,
-                      max_isl=args.max_isl, max_osl=args.max_osl, seed=args.seed)
+        return MooncakeTrace(
+            args.trace_path,
+            pool,
+            block_tokens=args.block_tokens,
+            osl_scale=args.osl_scale,
+            max_osl=args.max_osl,
+            max_isl=args.max_isl,
+        )
+    return AzureTrace(
+        args.trace_path,
+        pool,
+        isl_scale=args.isl_scale,
+        osl_scale=args.osl_scale or 1.0,
+        max_isl=args.max_isl,
+        max_osl=args.max_osl,
+        seed=args.seed,
+    )
 
 
 def take_requests(workload, n: int, skip: int = 0):
@@ -121,8 +142,13 @@ def run_bench(args: argparse.Namespace) -> int:
     detokenize = (lambda ids: tokenizer.decode(list(ids))) if args.text_prompts else None
     target = Target(args.url, model, ignore_eos=not args.no_ignore_eos, detokenize=detokenize)
     slo = parse_slo(args.slo)
-    system = SystemInfo(label=args.label or args.url, model=model, precision=args.precision, engine=args.engine,
-                        engine_version=args.engine_version)
+    system = SystemInfo(
+        label=args.label or args.url,
+        model=model,
+        precision=args.precision,
+        engine=args.engine,
+        engine_version=args.engine_version,
+    )
     warmups = take_requests(workload, args.warmup) if args.warmup else []
     run_async(warm_up(target, warmups))
     skip = len(warmups)
@@ -136,15 +162,30 @@ def run_bench(args: argparse.Namespace) -> int:
     if args.mode == "concurrency":
         levels = [int(c) for c in args.concurrency.split(",")]
         per_point = (lambda c: args.requests_per_point) if args.requests_per_point else (lambda c: max(32, 4 * c))
-        load = {"mode": "concurrency", "levels": levels, "requests_per_point": args.requests_per_point or "max(32, 4c)",
-                "max_concurrency": args.max_concurrency, "warmup": args.warmup}
+        load = {
+            "mode": "concurrency",
+            "levels": levels,
+            "requests_per_point": args.requests_per_point or "max(32, 4c)",
+            "max_concurrency": args.max_concurrency,
+            "warmup": args.warmup,
+        }
         run = BenchRun(system, workload.describe(), load, slo)
-        run.points = run_async(sweep(
-            target, lambda n, offset: take_requests(workload, n, skip + offset), levels, per_point, slo,
-            args.max_concurrency, on_point=lambda p: bar.write(f"concurrency {p.concurrency}: "
-                                                                f"{p.result.request_throughput:.2f} req/s, goodput "
-                                                                f"{p.result.goodput_requests:.2f}"),
-            progress=progress))
+        run.points = run_async(
+            sweep(
+                target,
+                lambda n, offset: take_requests(workload, n, skip + offset),
+                levels,
+                per_point,
+                slo,
+                args.max_concurrency,
+                on_point=lambda p: bar.write(
+                    f"concurrency {p.concurrency}: "
+                    f"{p.result.request_throughput:.2f} req/s, goodput "
+                    f"{p.result.goodput_requests:.2f}"
+                ),
+                progress=progress,
+            )
+        )
     else:
         specs = take_requests(workload, args.num_requests, skip)
         tick = progress(len(specs))
@@ -154,13 +195,22 @@ def run_bench(args: argparse.Namespace) -> int:
             load = {"mode": "rate", "rate": args.rate, "requests": len(specs), "warmup": args.warmup}
             result = run_async(run_rate(target, specs, args.rate, slo, args.seed, tick))
         else:
-            load = {"mode": "trace", "time_scale": args.time_scale, "rate_scale": args.rate_scale,
-                    "requests": len(specs), "warmup": args.warmup}
+            load = {
+                "mode": "trace",
+                "time_scale": args.time_scale,
+                "rate_scale": args.rate_scale,
+                "requests": len(specs),
+                "warmup": args.warmup,
+            }
             result = run_async(run_trace(target, specs, args.time_scale, args.rate_scale, slo, tick))
         run = BenchRun(system, workload.describe(), load, slo, points=[SweepPoint(0, result)])
     bar.close()
     paths = write_outputs(run, args.out)
     knee = run.to_dict()["knee"]
-    print(json.dumps({"outputs": {k: str(v) for k, v in paths.items()},
-                      "knee_concurrency": knee and knee["concurrency"]}, indent=2))
+    print(
+        json.dumps(
+            {"outputs": {k: str(v) for k, v in paths.items()}, "knee_concurrency": knee and knee["concurrency"]},
+            indent=2,
+        )
+    )
     return 0

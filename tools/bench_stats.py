@@ -140,13 +140,22 @@ def summarize(records: list[RequestRecord], duration_s: float, slo: list[SloTerm
         attained[term.key] = stat is not None and stat <= term.limit_ms
     d = max(duration_s, 1e-9)
     return RunResult(
-        duration_s=duration_s, sent=len(records), completed=len(ok), failed=len(records) - len(ok),
+        duration_s=duration_s,
+        sent=len(records),
+        completed=len(ok),
+        failed=len(records) - len(ok),
         errors=dict(Counter(r.error or "unknown" for r in records if not r.ok)),
-        prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-        request_throughput=len(ok) / d, output_token_throughput=output_tokens / d,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        request_throughput=len(ok) / d,
+        output_token_throughput=output_tokens / d,
         total_token_throughput=(prompt_tokens + output_tokens) / d,
-        goodput_requests=len(good) / d, goodput_output_tokens=sum(r.output_tokens for r in good) / d,
-        ttft_ms=percentiles(ttft), itl_ms=percentiles(itl), tpot_ms=percentiles(tpot), e2e_ms=percentiles(e2e),
+        goodput_requests=len(good) / d,
+        goodput_output_tokens=sum(r.output_tokens for r in good) / d,
+        ttft_ms=percentiles(ttft),
+        itl_ms=percentiles(itl),
+        tpot_ms=percentiles(tpot),
+        e2e_ms=percentiles(e2e),
         slo_attained=attained,
         prefix_hit_rate=_hit_rate(ok),
     )

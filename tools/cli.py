@@ -35,11 +35,19 @@ def _sample_request(args: argparse.Namespace) -> int:
 # Tools with their own module: (command, help, module with add_arguments(parser), its entry function).
 TOOLS = [
     ("bench", "benchmark an OpenAI-compatible server (sweep, rate, trace replay)", "tools.bench_cli", "run_bench"),
-    ("simulate", "the cluster simulator: real scheduler, simulated replicas, virtual time", "tools.simulate",
-     "run_simulation"),
+    (
+        "simulate",
+        "the cluster simulator: real scheduler, simulated replicas, virtual time",
+        "tools.simulate",
+        "run_simulation",
+    ),
     ("sim-server", "one simulated engine behind the OpenAI API, without Ray", "tools.sim_server", "run_sim_server"),
-    ("profile", "measure one engine configuration: prefill TTFT by ISL, decode ITL by batch", "tools.profile",
-     "run_profile"),
+    (
+        "profile",
+        "measure one engine configuration: prefill TTFT by ISL, decode ITL by batch",
+        "tools.profile",
+        "run_profile",
+    ),
 ]
 
 
@@ -68,8 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("sample-request", help="wait for a server to be ready, send one chat request, print it")
     p.add_argument("--url", default="http://127.0.0.1:8000")
     p.add_argument("--wait-s", type=float, default=600.0)
-    p.add_argument("--prompt", default=None, help="default: a ~1,000-token prompt, long enough to be prefilled "
-                   "remotely under the CPU configs")
+    p.add_argument(
+        "--prompt",
+        default=None,
+        help="default: a ~1,000-token prompt, long enough to be prefilled remotely under the CPU configs",
+    )
     p.add_argument("--max-tokens", type=int, default=32)
     p.set_defaults(func=_sample_request)
 

@@ -47,8 +47,9 @@ async def _sse_lines(response: httpx.Response):
         yield buffer
 
 
-async def stream_events(client: httpx.AsyncClient, url: str, body: dict[str, Any],
-                        record: RequestRecord) -> AsyncIterator[dict[str, Any]]:
+async def stream_events(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], record: RequestRecord
+) -> AsyncIterator[dict[str, Any]]:
     """POST `body` and yield the stream's JSON events, the usage fields copied
     into `record` as they come. An HTTP error status, an undecodable event or
     an error event sets `record.error` and ends the stream."""
@@ -114,12 +115,19 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str,
 
 
 # kv_transfer_params that ask a vLLM prefill server to keep the prompt's KV for a remote decode.
-REMOTE_DECODE = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
-                 "remote_block_ids": None, "remote_host": None, "remote_port": None}
+REMOTE_DECODE = {
+    "do_remote_decode": True,
+    "do_remote_prefill": False,
+    "remote_engine_id": None,
+    "remote_block_ids": None,
+    "remote_host": None,
+    "remote_port": None,
+}
 
 
-async def pd_completion(client: httpx.AsyncClient, prefill_url: str, decode_url: str,
-                        body: dict[str, Any]) -> RequestRecord:
+async def pd_completion(
+    client: httpx.AsyncClient, prefill_url: str, decode_url: str, body: dict[str, Any]
+) -> RequestRecord:
     """One request disaggregated across two vLLM servers with the client as the
     proxy (vLLM's own P/D flow): the prefill server computes the prompt with
     one output token and returns `kv_transfer_params`; the decode server,

@@ -44,16 +44,16 @@ import os
 import random
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from tools.bench import hardware
 from orchestrator.config import AppConfig, load_app_config
 from orchestrator.engines import create_engine, engine_adapter, process_env
 from orchestrator.engines.base import Engine, EngineInfo, EngineRole
 from orchestrator.messages import EngineRequest, SamplingSpec
+from tools.bench import hardware
 
 SCHEMA = "orchestrator-profile/1"
 P = TypeVar("P")
@@ -67,17 +67,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--isl", default="128,256,512,1024,2048", help="prefill grid (prompt tokens)")
     p.add_argument("--batch", default="1,2,4,8,16", help="decode grid (concurrent sequences)")
     p.add_argument("--context", default="128,512,1024", help="decode grid (prompt tokens per sequence)")
-    p.add_argument("--prefill-batch", default="2x256,4x256,4x512,2x1024",
-                   help="prompts submitted together, KxN (K prompts of N tokens): the step's fixed cost")
-    p.add_argument("--mixed", default="1x512,8x128,8x512,16x512",
-                   help="a prompt of N tokens arriving while B sequences (context 512) decode, BxN: what a step with "
-                        "both costs beyond the two apart")
-    p.add_argument("--server-url", help="in process: also measure what a request costs through this running server of "
-                        "the same engine (its HTTP, streaming and scheduling), idle and busy: a prompt's TTFT there "
-                        "minus in process, alone and while --server-streams sequences decode, point by point")
+    p.add_argument(
+        "--prefill-batch",
+        default="2x256,4x256,4x512,2x1024",
+        help="prompts submitted together, KxN (K prompts of N tokens): the step's fixed cost",
+    )
+    p.add_argument(
+        "--mixed",
+        default="1x512,8x128,8x512,16x512",
+        help="a prompt of N tokens arriving while B sequences (context 512) decode, BxN: what a step with "
+        "both costs beyond the two apart",
+    )
+    p.add_argument(
+        "--server-url",
+        help="in process: also measure what a request costs through this running server of "
+        "the same engine (its HTTP, streaming and scheduling), idle and busy: a prompt's TTFT there "
+        "minus in process, alone and while --server-streams sequences decode, point by point",
+    )
     p.add_argument("--server-isl", type=int, default=512, help="prompt length of the server-cost measurement")
-    p.add_argument("--server-streams", default="1,4,8,16",
-                   help="sequences decoding while the server's busy cost is measured (one point each per round)")
+    p.add_argument(
+        "--server-streams",
+        default="1,4,8,16",
+        help="sequences decoding while the server's busy cost is measured (one point each per round)",
+    )
     p.add_argument("--decode-tokens", type=int, default=32, help="output tokens per decode measurement")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
@@ -95,8 +107,9 @@ class _Prompts:
     def request(self, tokens: int, max_tokens: int) -> EngineRequest:
         self.count += 1
         ids = tuple(self.rng.randrange(10, self.vocab_size) for _ in range(tokens))
-        return EngineRequest(f"profile-{self.count}", ids, SamplingSpec(max_tokens=max_tokens, temperature=0.0,
-                                                                       ignore_eos=True))
+        return EngineRequest(
+            f"profile-{self.count}", ids, SamplingSpec(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+        )
 
 
 def _now() -> float:
@@ -137,8 +150,9 @@ MIXED_CONTEXT = 512
 MIXED_DECODE_TOKENS = 1024  # more than the sequences decode while the prompts are measured
 
 
-async def measure_mixed(engine: Engine, prompts: _Prompts, batch: int, context: int, isl: int,
-                        repeats: int) -> tuple[float, float]:
+async def measure_mixed(
+    engine: Engine, prompts: _Prompts, batch: int, context: int, isl: int, repeats: int
+) -> tuple[float, float]:
     """(mixed, alone): the median TTFT of a prompt of `isl` tokens submitted while `batch` sequences decode
     (one at a time, 2 x `repeats` of them), and of the same length with the engine idle, measured around
     it (`repeats` before, `repeats` after: this machine's speed drifts by tens of percent over minutes, so
@@ -181,8 +195,9 @@ async def in_rounds(points: list[P], measure: Callable[[P], Awaitable[float]], r
 SERVER_COST_SAMPLES = 3  # measure_mixed's repeats per server-cost point: 3 + 3 alone, 6 with the streams
 
 
-async def measure_server_cost(engine: Engine, served: Engine, prompts: _Prompts, isl: int, streams: list[int],
-                              repeats: int) -> dict[str, Any]:
+async def measure_server_cost(
+    engine: Engine, served: Engine, prompts: _Prompts, isl: int, streams: list[int], repeats: int
+) -> dict[str, Any]:
     """What a request costs through a server beyond its engine steps, idle and busy: per round and number of
     streams B, `measure_mixed` in process and then through the server of the same engine (an `isl`-token
     prompt's TTFT while B sequences decode, and alone just around it). Idle cost: the median of (served
@@ -196,14 +211,25 @@ async def measure_server_cost(engine: Engine, served: Engine, prompts: _Prompts,
         for b in streams:
             mixed_in, alone_in = await measure_mixed(engine, prompts, b, MIXED_CONTEXT, isl, SERVER_COST_SAMPLES)
             mixed_sv, alone_sv = await measure_mixed(served, prompts, b, MIXED_CONTEXT, isl, SERVER_COST_SAMPLES)
-            points.append({"streams": b, "tokens": isl, "in_process_s": mixed_in, "served_s": mixed_sv,
-                           "alone_in_process_s": alone_in, "alone_served_s": alone_sv,
-                           "busy_overhead_s": mixed_sv - mixed_in, "idle_overhead_s": alone_sv - alone_in})
-    return {"request_overhead_s": max(statistics.median(p["idle_overhead_s"] for p in points), 0.0),
-            "request_overhead_busy_s": max(statistics.median(p["busy_overhead_s"] for p in points), 0.0),
-            "method": "per round and number of decoding streams: a prompt's TTFT alone and while the streams decode, "
-                      "in process then through the server; medians of the differences",
-            "points": points}
+            points.append(
+                {
+                    "streams": b,
+                    "tokens": isl,
+                    "in_process_s": mixed_in,
+                    "served_s": mixed_sv,
+                    "alone_in_process_s": alone_in,
+                    "alone_served_s": alone_sv,
+                    "busy_overhead_s": mixed_sv - mixed_in,
+                    "idle_overhead_s": alone_sv - alone_in,
+                }
+            )
+    return {
+        "request_overhead_s": max(statistics.median(p["idle_overhead_s"] for p in points), 0.0),
+        "request_overhead_busy_s": max(statistics.median(p["busy_overhead_s"] for p in points), 0.0),
+        "method": "per round and number of decoding streams: a prompt's TTFT alone and while the streams decode, "
+        "in process then through the server; medians of the differences",
+        "points": points,
+    }
 
 
 async def _ttft(engine: Engine, prompts: _Prompts, isl: int) -> float:
@@ -236,17 +262,30 @@ class ServedEngine:
     async def start(self) -> EngineInfo:
         version = (await self.client.get(f"{self.url}/version")).json().get("version", "unknown")
         cache = _cache_config((await self.client.get(f"{self.url}/metrics")).text)
-        return EngineInfo(role=EngineRole.AGGREGATED, engine_kind="vllm (served)", engine_version=version,
-                          engine_id=self.url, model=self.model, block_size=int(cache.get("block_size", self.block_size)),
-                          max_model_len=1 << 20, host=self.url,
-                          kv_capacity_blocks=int(cache["num_gpu_blocks"]) if "num_gpu_blocks" in cache else None)
+        return EngineInfo(
+            role=EngineRole.AGGREGATED,
+            engine_kind="vllm (served)",
+            engine_version=version,
+            engine_id=self.url,
+            model=self.model,
+            block_size=int(cache.get("block_size", self.block_size)),
+            max_model_len=1 << 20,
+            host=self.url,
+            kv_capacity_blocks=int(cache["num_gpu_blocks"]) if "num_gpu_blocks" in cache else None,
+        )
 
     async def generate(self, request: EngineRequest):
         from tools.client import RequestRecord, stream_events
 
-        body = {"model": self.model, "prompt": list(request.prompt_token_ids), "stream": True,
-                "max_tokens": request.sampling.max_tokens, "temperature": 0.0, "ignore_eos": True,
-                "return_token_ids": True}
+        body = {
+            "model": self.model,
+            "prompt": list(request.prompt_token_ids),
+            "stream": True,
+            "max_tokens": request.sampling.max_tokens,
+            "temperature": 0.0,
+            "ignore_eos": True,
+            "return_token_ids": True,
+        }
         record = RequestRecord(ok=False, start_s=time.perf_counter())
         async for event in stream_events(self.client, f"{self.url}/v1/completions", body, record):
             ids = ((event.get("choices") or [{}])[0]).get("token_ids") or []
@@ -308,14 +347,23 @@ async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> d
         lengths = [isl for isl in (int(x) for x in args.isl.split(",")) if isl < app.model.max_model_len]
         ttft = await in_rounds(lengths, lambda isl: _ttft(engine, prompts, isl), args.repeats)
         prefill = [{"tokens": isl, "seconds": s, "tokens_per_s": isl / s} for isl, s in ttft.items()]
-        batches = [(k, n) for k, n in (tuple(int(x) for x in item.lower().split("x"))
-                                       for item in filter(None, args.prefill_batch.split(",")))
-                   if n < app.model.max_model_len]
-        last_first_token = await in_rounds(batches, lambda kn: measure_prefill_batch(engine, prompts, *kn), args.repeats)
+        batches = [
+            (k, n)
+            for k, n in (
+                tuple(int(x) for x in item.lower().split("x")) for item in filter(None, args.prefill_batch.split(","))
+            )
+            if n < app.model.max_model_len
+        ]
+        last_first_token = await in_rounds(
+            batches, lambda kn: measure_prefill_batch(engine, prompts, *kn), args.repeats
+        )
         prefill_batch = [{"batch": k, "tokens": n, "seconds": s} for (k, n), s in last_first_token.items()]
-        grid = [(batch, context) for context in (int(x) for x in args.context.split(","))
-                for batch in (int(x) for x in args.batch.split(","))
-                if not capacity_tokens or batch * (context + args.decode_tokens + info.block_size) <= capacity_tokens]
+        grid = [
+            (batch, context)
+            for context in (int(x) for x in args.context.split(","))
+            for batch in (int(x) for x in args.batch.split(","))
+            if not capacity_tokens or batch * (context + args.decode_tokens + info.block_size) <= capacity_tokens
+        ]
         steps = await in_rounds(grid, lambda bc: measure_decode(engine, prompts, *bc, args.decode_tokens), args.repeats)
         decode = [{"batch": b, "context": c, "step_seconds": s, "tokens_per_s": b / s} for (b, c), s in steps.items()]
         for point in prefill + prefill_batch + decode:
@@ -324,27 +372,40 @@ async def profile(app: AppConfig, pool_name: str, args: argparse.Namespace) -> d
         for item in filter(None, args.mixed.split(",")):
             b, n = (int(x) for x in item.lower().split("x"))
             if MIXED_CONTEXT + MIXED_DECODE_TOKENS + n >= app.model.max_model_len or (
-                    capacity_tokens and b * (MIXED_CONTEXT + MIXED_DECODE_TOKENS) + n > capacity_tokens):
+                capacity_tokens and b * (MIXED_CONTEXT + MIXED_DECODE_TOKENS) + n > capacity_tokens
+            ):
                 continue
             seconds, alone = await measure_mixed(engine, prompts, b, MIXED_CONTEXT, n, args.repeats)
-            mixed.append({"batch": b, "context": MIXED_CONTEXT, "tokens": n, "seconds": seconds, "alone_seconds": alone})
+            mixed.append(
+                {"batch": b, "context": MIXED_CONTEXT, "tokens": n, "seconds": seconds, "alone_seconds": alone}
+            )
             print(f"prefill {n} while {b} decode: {seconds * 1000:.1f} ms (alone {alone * 1000:.1f} ms)", flush=True)
         server = None
         if getattr(args, "server_url", None) and not getattr(args, "url", None):
             served = ServedEngine(args.server_url, app.model.name, app.kv_cache.block_size)
             streams = [int(x) for x in args.server_streams.split(",")]
             server = await measure_server_cost(engine, served, prompts, args.server_isl, streams, args.repeats)
-            print(f"server cost per request: {server['request_overhead_s'] * 1000:.1f} ms idle, "
-                  f"{server['request_overhead_busy_s'] * 1000:.1f} ms busy", flush=True)
+            print(
+                f"server cost per request: {server['request_overhead_s'] * 1000:.1f} ms idle, "
+                f"{server['request_overhead_busy_s'] * 1000:.1f} ms busy",
+                flush=True,
+            )
         return {
             "schema": SCHEMA,
             "created_at": time.time(),
-            "meta": {"model": app.model.name, "model_source": app.model.source, "dtype": app.model.dtype,
-                     "engine": info.engine_kind, "engine_version": info.engine_version,
-                     "engine_config": pool.engine.model_dump(mode="json"), "hardware": hardware(),
-                     "tensor_parallel_size": getattr(pool.engine, "tensor_parallel_size", 1),
-                     "block_size": info.block_size, "kv_capacity_tokens": capacity_tokens,
-                     "served": getattr(args, "url", None) is not None},
+            "meta": {
+                "model": app.model.name,
+                "model_source": app.model.source,
+                "dtype": app.model.dtype,
+                "engine": info.engine_kind,
+                "engine_version": info.engine_version,
+                "engine_config": pool.engine.model_dump(mode="json"),
+                "hardware": hardware(),
+                "tensor_parallel_size": getattr(pool.engine, "tensor_parallel_size", 1),
+                "block_size": info.block_size,
+                "kv_capacity_tokens": capacity_tokens,
+                "served": getattr(args, "url", None) is not None,
+            },
             "kv_bytes_per_token": kv_bytes_per_token(app, info),
             "prefill": prefill,
             "prefill_batch": prefill_batch,
@@ -369,8 +430,9 @@ def plot_profile(doc: dict[str, Any], path: Path) -> None:
     ax_p.set_title("prefill")
     for context in sorted({p["context"] for p in doc["decode"]}):
         points = [p for p in doc["decode"] if p["context"] == context]
-        ax_d.plot([p["batch"] for p in points], [p["step_seconds"] * 1000 for p in points], "o-",
-                  label=f"context {context}")
+        ax_d.plot(
+            [p["batch"] for p in points], [p["step_seconds"] * 1000 for p in points], "o-", label=f"context {context}"
+        )
     ax_d.set_xlabel("concurrent sequences")
     ax_d.set_ylabel("ITL (decode step), ms")
     ax_d.set_title("decode")

@@ -18,6 +18,7 @@ def _fmt(v: Any, digits: int = 1) -> str:
 def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     """A markdown table: the header, its rule, then one line a row (cells as given, through str; an empty
     one as `| |`); ends with a newline."""
+
     def line(cells: Sequence[Any]) -> str:
         return "|" + "".join(f" {c} |" if str(c) else " |" for c in cells)
 
@@ -28,13 +29,31 @@ def markdown_table(doc: dict[str, Any]) -> str:
     """One row per sweep point of one result document."""
     slo = ", ".join(f"{k}={v:g}" for k, v in doc["slo"].items()) or "none"
     knee = (doc.get("knee") or {}).get("concurrency")
-    header = ("concurrency", "req/s", "out tok/s", "goodput req/s", "TTFT p50 / p99 ms", "ITL p50 / p99 ms",
-              "TPOT p50 ms", "E2E p50 ms", "ok / sent")
-    rows = [(f"{_fmt(p['concurrency'], 0)}{' (knee)' if p['concurrency'] == knee else ''}",
-             _fmt(p["request_throughput"], 2), _fmt(p["output_token_throughput"]), _fmt(p["goodput_requests"], 2),
-             f"{_fmt(p['ttft_ms']['p50'])} / {_fmt(p['ttft_ms']['p99'])}",
-             f"{_fmt(p['itl_ms']['p50'], 2)} / {_fmt(p['itl_ms']['p99'], 2)}", _fmt(p["tpot_ms"]["p50"], 2),
-             _fmt(p["e2e_ms"]["p50"]), f"{p['completed']} / {p['sent']}") for p in doc["sweep"]]
+    header = (
+        "concurrency",
+        "req/s",
+        "out tok/s",
+        "goodput req/s",
+        "TTFT p50 / p99 ms",
+        "ITL p50 / p99 ms",
+        "TPOT p50 ms",
+        "E2E p50 ms",
+        "ok / sent",
+    )
+    rows = [
+        (
+            f"{_fmt(p['concurrency'], 0)}{' (knee)' if p['concurrency'] == knee else ''}",
+            _fmt(p["request_throughput"], 2),
+            _fmt(p["output_token_throughput"]),
+            _fmt(p["goodput_requests"], 2),
+            f"{_fmt(p['ttft_ms']['p50'])} / {_fmt(p['ttft_ms']['p99'])}",
+            f"{_fmt(p['itl_ms']['p50'], 2)} / {_fmt(p['itl_ms']['p99'], 2)}",
+            _fmt(p["tpot_ms"]["p50"], 2),
+            _fmt(p["e2e_ms"]["p50"]),
+            f"{p['completed']} / {p['sent']}",
+        )
+        for p in doc["sweep"]
+    ]
     title = f"### {doc['system']['label']}: {doc['dataset'].get('kind', '')} ({doc['load'].get('mode', '')}), SLO {slo}"
     return f"{title}\n\n" + table(header, rows)
 
@@ -63,21 +82,41 @@ def plot_sweep(docs: list[dict[str, Any]], path: str | Path) -> None:
     for doc in docs:
         label = doc["system"]["label"]
         xs = [p["concurrency"] for p in doc["sweep"]]
-        line = axes[0].plot(xs, [p["request_throughput"] for p in doc["sweep"]], marker="o",
-                            label=f"{label} throughput")
+        line = axes[0].plot(
+            xs, [p["request_throughput"] for p in doc["sweep"]], marker="o", label=f"{label} throughput"
+        )
         color = line[0].get_color()
-        axes[0].plot(xs, [p["goodput_requests"] for p in doc["sweep"]], marker="x", linestyle="--", color=color,
-                     label=f"{label} goodput")
+        axes[0].plot(
+            xs,
+            [p["goodput_requests"] for p in doc["sweep"]],
+            marker="x",
+            linestyle="--",
+            color=color,
+            label=f"{label} goodput",
+        )
         for pct, style in (("p50", "-"), ("p99", ":")):
-            axes[1].plot(xs, [p["ttft_ms"][pct] for p in doc["sweep"]], linestyle=style, marker=".", color=color,
-                         label=f"{label} TTFT {pct}")
-            axes[2].plot(xs, [p["itl_ms"][pct] for p in doc["sweep"]], linestyle=style, marker=".", color=color,
-                         label=f"{label} ITL {pct}")
+            axes[1].plot(
+                xs,
+                [p["ttft_ms"][pct] for p in doc["sweep"]],
+                linestyle=style,
+                marker=".",
+                color=color,
+                label=f"{label} TTFT {pct}",
+            )
+            axes[2].plot(
+                xs,
+                [p["itl_ms"][pct] for p in doc["sweep"]],
+                linestyle=style,
+                marker=".",
+                color=color,
+                label=f"{label} ITL {pct}",
+            )
         knee = (doc.get("knee") or {}).get("concurrency")
         if knee is not None:
             axes[0].axvline(knee, color=color, alpha=0.3)
-    for ax, title, unit in zip(axes, ("throughput / goodput", "time to first token", "inter-token latency"),
-                               ("requests/s", "ms", "ms")):
+    for ax, title, unit in zip(
+        axes, ("throughput / goodput", "time to first token", "inter-token latency"), ("requests/s", "ms", "ms")
+    ):
         ax.set_title(title)
         ax.set_xlabel("concurrency")
         ax.set_ylabel(unit)

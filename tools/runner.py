@@ -27,8 +27,13 @@ class Target:
 
     def body(self, spec: RequestSpec) -> dict:
         prompt = list(spec.prompt_token_ids) if self.detokenize is None else self.detokenize(spec.prompt_token_ids)
-        return {"model": self.model, "prompt": prompt, "max_tokens": spec.max_tokens,
-                "temperature": self.temperature, "ignore_eos": self.ignore_eos}
+        return {
+            "model": self.model,
+            "prompt": prompt,
+            "max_tokens": spec.max_tokens,
+            "temperature": self.temperature,
+            "ignore_eos": self.ignore_eos,
+        }
 
     @property
     def url(self) -> str:
@@ -40,21 +45,28 @@ def _client(concurrency: int, timeout_s: float) -> httpx.AsyncClient:
     return httpx.AsyncClient(timeout=timeout_s, limits=limits)
 
 
-async def _send(client: httpx.AsyncClient, target: Target, spec: RequestSpec, done: Callable[[], None]) -> RequestRecord:
+async def _send(
+    client: httpx.AsyncClient, target: Target, spec: RequestSpec, done: Callable[[], None]
+) -> RequestRecord:
     record = await stream_completion(client, target.url, target.body(spec))
     done()
     return record
 
 
-async def run_concurrency(target: Target, specs: Sequence[RequestSpec], concurrency: int,
-                          progress: Callable[[], None] = lambda: None,
-                          timeout_s: float = 600) -> tuple[list[RequestRecord], float]:
+async def run_concurrency(
+    target: Target,
+    specs: Sequence[RequestSpec],
+    concurrency: int,
+    progress: Callable[[], None] = lambda: None,
+    timeout_s: float = 600,
+) -> tuple[list[RequestRecord], float]:
     """Keep `concurrency` requests in flight until `specs` run out."""
     queue: asyncio.Queue[RequestSpec] = asyncio.Queue()
     for spec in specs:
         queue.put_nowait(spec)
     records: list[RequestRecord] = []
     async with _client(concurrency, timeout_s) as client:
+
         async def worker() -> None:
             while not queue.empty():
                 records.append(await _send(client, target, queue.get_nowait(), progress))
@@ -64,9 +76,13 @@ async def run_concurrency(target: Target, specs: Sequence[RequestSpec], concurre
         return records, time.perf_counter() - start
 
 
-async def run_schedule(target: Target, specs: Sequence[RequestSpec], offsets_s: Sequence[float],
-                       progress: Callable[[], None] = lambda: None,
-                       timeout_s: float = 600) -> tuple[list[RequestRecord], float]:
+async def run_schedule(
+    target: Target,
+    specs: Sequence[RequestSpec],
+    offsets_s: Sequence[float],
+    progress: Callable[[], None] = lambda: None,
+    timeout_s: float = 600,
+) -> tuple[list[RequestRecord], float]:
     """Send each request at its offset from the start, whatever is in flight."""
     async with _client(256, timeout_s) as client:
         start = time.perf_counter()

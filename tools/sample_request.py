@@ -18,11 +18,16 @@ from orchestrator.api.sse import parse_events
 # Long enough (~1,000 tokens with the tiny model's tokenizer) to be above the
 # CPU configs' routing.local_prefill_max_tokens: the sample goes through the
 # prefill pool and crosses NIXL.
-SAMPLE_PROMPT = ("Read these notes, then explain disaggregated prefill and decode in one sentence. " + " ".join(
+SAMPLE_PROMPT = "Read these notes, then explain disaggregated prefill and decode in one sentence. " + " ".join(
     f"Note {i}: the prefill replica computes the prompt once, keeps its key and value blocks, and the decode "
-    "replica reads them over the network before it writes the answer token by token." for i in range(12)))
-ROUTE_COUNTERS = ("orchestrator_route_decisions_total", "orchestrator_kv_handoff_blocks_total",
-                  "orchestrator_prefill_fallbacks_total")
+    "replica reads them over the network before it writes the answer token by token."
+    for i in range(12)
+)
+ROUTE_COUNTERS = (
+    "orchestrator_route_decisions_total",
+    "orchestrator_kv_handoff_blocks_total",
+    "orchestrator_prefill_fallbacks_total",
+)
 
 
 def wait_ready(client: httpx.Client, url: str, wait_s: float) -> dict:
@@ -69,30 +74,39 @@ def _settled_stats(client: httpx.Client, url: str, quiet_s: float = 2.5, timeout
 
 def describe_route(counters_before: dict, counters_after: dict, before: dict, after: dict) -> str:
     """The request's way through the pools, from the counter and report deltas."""
-    def grew(field: str, pool: str) -> list[tuple[str, float]]:
-        return [(rid, after[(p, rid)].get(field, 0) - before.get((p, rid), {}).get(field, 0))
-                for (p, rid) in after if p == pool
-                and after[(p, rid)].get(field, 0) > before.get((p, rid), {}).get(field, 0)]
 
-    kinds = [kind for (name, kind), v in counters_after.items()
-             if name == "orchestrator_route_decisions_total" and v > counters_before.get((name, kind), 0)]
+    def grew(field: str, pool: str) -> list[tuple[str, float]]:
+        return [
+            (rid, after[(p, rid)].get(field, 0) - before.get((p, rid), {}).get(field, 0))
+            for (p, rid) in after
+            if p == pool and after[(p, rid)].get(field, 0) > before.get((p, rid), {}).get(field, 0)
+        ]
+
+    kinds = [
+        kind
+        for (name, kind), v in counters_after.items()
+        if name == "orchestrator_route_decisions_total" and v > counters_before.get((name, kind), 0)
+    ]
     decode = grew("generation_tokens_total", "decode_pool")
     decode_at = decode[0][0] if decode else "?"
     if kinds != ["remote_prefill"]:
         return f"route: {kinds[0] if kinds else 'unknown'}, computed and decoded on decode_pool replica {decode_at}"
     prefill = grew("prompt_tokens_computed_total", "prefill_pool")
-    blocks = (counters_after.get(("orchestrator_kv_handoff_blocks_total", ""), 0)
-              - counters_before.get(("orchestrator_kv_handoff_blocks_total", ""), 0))
+    blocks = counters_after.get(("orchestrator_kv_handoff_blocks_total", ""), 0) - counters_before.get(
+        ("orchestrator_kv_handoff_blocks_total", ""), 0
+    )
     moved = dict(grew("kv_transfer_bytes_total", "decode_pool"))
     seconds = dict(grew("kv_transfer_seconds_total", "decode_pool"))
-    return "\n".join([
-        "route: remote prefill (disaggregated)",
-        f"  prefill on prefill_pool replica {prefill[0][0] if prefill else '?'}"
-        f" ({int(prefill[0][1]) if prefill else '?'} prompt tokens computed)",
-        f"  KV moved over NIXL: {int(blocks)} blocks, {sum(moved.values()) / 2**20:.1f} MiB"
-        f" in {1000 * sum(seconds.values()):.1f} ms",
-        f"  decode on decode_pool replica {decode_at}",
-    ])
+    return "\n".join(
+        [
+            "route: remote prefill (disaggregated)",
+            f"  prefill on prefill_pool replica {prefill[0][0] if prefill else '?'}"
+            f" ({int(prefill[0][1]) if prefill else '?'} prompt tokens computed)",
+            f"  KV moved over NIXL: {int(blocks)} blocks, {sum(moved.values()) / 2**20:.1f} MiB"
+            f" in {1000 * sum(seconds.values()):.1f} ms",
+            f"  decode on decode_pool replica {decode_at}",
+        ]
+    )
 
 
 def run_sample_request(url: str, wait_s: float, prompt: str, max_tokens: int) -> int:

@@ -35,8 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default="sim")
-    p.add_argument("--tokenizer", default="~/.cache/orchestrator/tiny-llama",
-                   help="tokenizer directory (prompts and output text; the simulated model is --sim-model)")
+    p.add_argument(
+        "--tokenizer",
+        default="~/.cache/orchestrator/tiny-llama",
+        help="tokenizer directory (prompts and output text; the simulated model is --sim-model)",
+    )
     p.add_argument("--gpu", choices=["H100", "H200", "A100"], default="H100")
     p.add_argument("--sim-model", choices=["llama-3.1-8b", "llama-3.1-70b", "qwen3-32b"], default="llama-3.1-8b")
     p.add_argument("--tp", type=int, default=1)
@@ -49,11 +52,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def app_config(args: argparse.Namespace) -> AppConfig:
     """One aggregated pool of one simulated engine, round-robin (there is nothing to choose between)."""
-    engine = SimEngineConfig(kind="sim", gpu=args.gpu, model=args.sim_model, tensor_parallel_size=args.tp,
-                             profile=args.profile, num_gpu_blocks=args.num_gpu_blocks)
+    engine = SimEngineConfig(
+        kind="sim",
+        gpu=args.gpu,
+        model=args.sim_model,
+        tensor_parallel_size=args.tp,
+        profile=args.profile,
+        num_gpu_blocks=args.num_gpu_blocks,
+    )
     return AppConfig(
-        model=ModelConfig(name=args.served_model_name, source=str(Path(args.tokenizer).expanduser()),
-                          max_model_len=args.max_model_len),
+        model=ModelConfig(
+            name=args.served_model_name, source=str(Path(args.tokenizer).expanduser()), max_model_len=args.max_model_len
+        ),
         kv_cache=KVCacheConfig(block_size=args.block_size),
         decode_pool=PoolConfig(engine=engine),
         routing=RoutingConfig(policy="round_robin"),
@@ -63,8 +73,16 @@ def app_config(args: argparse.Namespace) -> AppConfig:
 
 async def build(args: argparse.Namespace):
     config = app_config(args)
-    engine = SimEngine(EngineSpec(config.model, config.kv_cache, config.decode_pool.engine, EngineRole.AGGREGATED,
-                                  args.host, publish_kv_events=args.kv_events))
+    engine = SimEngine(
+        EngineSpec(
+            config.model,
+            config.kv_cache,
+            config.decode_pool.engine,
+            EngineRole.AGGREGATED,
+            args.host,
+            publish_kv_events=args.kv_events,
+        )
+    )
     pool = LocalPool("decode_pool", engine)
     await pool.start()
     tokenizer = await asyncio.to_thread(load_tokenizer, config.model.tokenizer_source)

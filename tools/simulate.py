@@ -15,16 +15,16 @@ import time
 from collections.abc import Sequence
 from dataclasses import replace
 
-from tools.bench import BenchRun, SweepPoint, SystemInfo, run_async, sweep_with, write_outputs
-from tools.bench_cli import add_workload_arguments, make_workload, take_requests, token_pool
-from tools.client import RequestRecord
-from tools.bench_stats import RunResult, parse_slo, summarize
-from tools.runner import poisson_offsets
-from tools.workloads import RequestSpec, replay_offsets
 from orchestrator.config import RoutingConfig, SimEngineConfig
 from orchestrator.engines.sim_engine import kv_capacity_blocks, perf_model
 from orchestrator.sim.cluster import ClusterSim, ClusterSpec, RequestOutcome
 from orchestrator.sim.link import LINKS
+from tools.bench import BenchRun, SweepPoint, SystemInfo, run_async, sweep_with, write_outputs
+from tools.bench_cli import add_workload_arguments, make_workload, take_requests, token_pool
+from tools.bench_stats import RunResult, parse_slo, summarize
+from tools.client import RequestRecord
+from tools.runner import poisson_offsets
+from tools.workloads import RequestSpec, replay_offsets
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,21 +47,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def cluster_spec(args: argparse.Namespace) -> tuple[ClusterSpec, SimEngineConfig]:
-    engine = SimEngineConfig(kind="sim", gpu=args.gpu, model=args.sim_model, tensor_parallel_size=args.tp,
-                             profile=args.profile, num_gpu_blocks=args.num_gpu_blocks, link=args.link,
-                             max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens)
+    engine = SimEngineConfig(
+        kind="sim",
+        gpu=args.gpu,
+        model=args.sim_model,
+        tensor_parallel_size=args.tp,
+        profile=args.profile,
+        num_gpu_blocks=args.num_gpu_blocks,
+        link=args.link,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+    )
     routing = RoutingConfig(policy=args.routing, local_prefill_max_tokens=args.local_prefill_max_tokens)
     blocks = kv_capacity_blocks(engine, perf_model(engine), args.block_size)
-    spec = ClusterSpec(args.prefill, args.decode, blocks, args.block_size, args.max_num_seqs,
-                       args.max_num_batched_tokens, routing)
+    spec = ClusterSpec(
+        args.prefill, args.decode, blocks, args.block_size, args.max_num_seqs, args.max_num_batched_tokens, routing
+    )
     return spec, engine
 
 
 def to_record(o: RequestOutcome) -> RequestRecord:
     """An outcome as the harness would have recorded it over HTTP, one chunk per token."""
-    return RequestRecord(ok=o.finished, start_s=o.arrival_s, ttft_s=o.ttft_s, itl_s=o.itl_s, e2e_s=o.e2e_s,
-                         output_tokens=len(o.token_times), prompt_tokens=o.prompt_tokens,
-                         cached_tokens=o.cached_tokens, error=None if o.finished else "unfinished")
+    return RequestRecord(
+        ok=o.finished,
+        start_s=o.arrival_s,
+        ttft_s=o.ttft_s,
+        itl_s=o.itl_s,
+        e2e_s=o.e2e_s,
+        output_tokens=len(o.token_times),
+        prompt_tokens=o.prompt_tokens,
+        cached_tokens=o.cached_tokens,
+        error=None if o.finished else "unfinished",
+    )
 
 
 def as_records(outcomes: Sequence[RequestOutcome]) -> tuple[list[RequestRecord], float]:
@@ -76,8 +93,9 @@ def summarize_outcomes(outcomes: Sequence[RequestOutcome], slo) -> RunResult:
     return summarize(*as_records(outcomes), slo)
 
 
-def simulate(spec: ClusterSpec, engine: SimEngineConfig, specs: Sequence[RequestSpec], seed: int,
-             concurrency: int | None = None) -> list[RequestOutcome]:
+def simulate(
+    spec: ClusterSpec, engine: SimEngineConfig, specs: Sequence[RequestSpec], seed: int, concurrency: int | None = None
+) -> list[RequestOutcome]:
     sim = ClusterSim(spec, perf_model(engine), LINKS[engine.link], seed=seed)
     return sim.run_closed(specs, concurrency) if concurrency else sim.run(specs)
 
@@ -88,8 +106,14 @@ def run_simulation(args: argparse.Namespace) -> int:
     slo = parse_slo(args.slo)
     gpus = (spec.prefill_replicas + spec.decode_replicas) * engine.tensor_parallel_size
     label = args.label or f"sim {spec.prefill_replicas}P+{spec.decode_replicas}D {engine.gpu} {args.routing}"
-    system = SystemInfo(label=label, model=engine.model, precision="bf16", engine="sim", engine_version="1",
-                        notes=f"{gpus} simulated {engine.gpu}; KV blocks/replica {spec.num_blocks}; link {engine.link}")
+    system = SystemInfo(
+        label=label,
+        model=engine.model,
+        precision="bf16",
+        engine="sim",
+        engine_version="1",
+        notes=f"{gpus} simulated {engine.gpu}; KV blocks/replica {spec.num_blocks}; link {engine.link}",
+    )
     started = time.process_time()
     if args.mode == "concurrency":
         levels = [int(c) for c in args.concurrency.split(",")]
@@ -98,11 +122,18 @@ def run_simulation(args: argparse.Namespace) -> int:
         async def run_point(concurrency: int, specs: Sequence[RequestSpec]) -> RunResult:
             return summarize_outcomes(simulate(spec, engine, specs, args.seed, concurrency), slo)
 
-        load = {"mode": "concurrency", "levels": levels, "requests_per_point": args.requests_per_point or "max(32, 4c)",
-                "max_concurrency": args.max_concurrency}
+        load = {
+            "mode": "concurrency",
+            "levels": levels,
+            "requests_per_point": args.requests_per_point or "max(32, 4c)",
+            "max_concurrency": args.max_concurrency,
+        }
         run = BenchRun(system, workload.describe(), load, slo)
-        run.points = run_async(sweep_with(run_point, lambda n, offset: take_requests(workload, n, offset), levels,
-                                          per_point, args.max_concurrency))
+        run.points = run_async(
+            sweep_with(
+                run_point, lambda n, offset: take_requests(workload, n, offset), levels, per_point, args.max_concurrency
+            )
+        )
     else:
         specs = take_requests(workload, args.num_requests)
         if args.mode == "rate":
@@ -112,8 +143,12 @@ def run_simulation(args: argparse.Namespace) -> int:
             load = {"mode": "rate", "rate": args.rate, "requests": len(specs)}
         else:
             offsets = replay_offsets(list(specs), args.time_scale, args.rate_scale)
-            load = {"mode": "trace", "time_scale": args.time_scale, "rate_scale": args.rate_scale,
-                    "requests": len(specs)}
+            load = {
+                "mode": "trace",
+                "time_scale": args.time_scale,
+                "rate_scale": args.rate_scale,
+                "requests": len(specs),
+            }
         timed = [replace(s, arrival_s=t) for s, t in zip(specs, offsets)]
         result = summarize_outcomes(simulate(spec, engine, timed, args.seed), slo)
         run = BenchRun(system, workload.describe(), load, slo, points=[SweepPoint(0, result)])
@@ -121,6 +156,14 @@ def run_simulation(args: argparse.Namespace) -> int:
     run.load["simulator_cpu_s"] = round(cpu_s, 2)
     paths = write_outputs(run, args.out)
     knee = run.to_dict()["knee"]
-    print(json.dumps({"outputs": {k: str(v) for k, v in paths.items()}, "simulator_cpu_s": round(cpu_s, 2),
-                      "knee_concurrency": knee and knee["concurrency"]}, indent=2))
+    print(
+        json.dumps(
+            {
+                "outputs": {k: str(v) for k, v in paths.items()},
+                "simulator_cpu_s": round(cpu_s, 2),
+                "knee_concurrency": knee and knee["concurrency"],
+            },
+            indent=2,
+        )
+    )
     return 0

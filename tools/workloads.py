@@ -40,19 +40,24 @@ class TokenPool:
     name: str
 
     @classmethod
-    def vocabulary(cls, vocab_size: int) -> "TokenPool":
+    def vocabulary(cls, vocab_size: int) -> TokenPool:
         return cls(tuple(range(FIRST_TOKEN_ID, vocab_size)), f"ids {FIRST_TOKEN_ID}..{vocab_size - 1}")
 
     @classmethod
-    def words(cls, tokenizer) -> "TokenPool":
+    def words(cls, tokenizer) -> TokenPool:
         """Ids of whole space-prefixed words that decode and re-encode to
         themselves: any sequence of them survives text round trips exactly,
         for servers and routers that only take text prompts."""
         ids = []
         for i in range(len(tokenizer)):
             text = tokenizer.decode([i])
-            if len(text) > 2 and text[0] == " " and text[1:].isascii() and text[1:].isalpha() \
-                    and tokenizer.encode(text, add_special_tokens=False) == [i]:
+            if (
+                len(text) > 2
+                and text[0] == " "
+                and text[1:].isascii()
+                and text[1:].isalpha()
+                and tokenizer.encode(text, add_special_tokens=False) == [i]
+            ):
                 ids.append(i)
         if len(ids) < 16:
             raise ValueError("the tokenizer has too few whole-word tokens for text prompts")
@@ -96,8 +101,10 @@ class SyntheticWorkload:
     def requests(self, n: int) -> list[RequestSpec]:
         rng = random.Random(self.seed)
         longest = self.isl.max or self.isl.mean * 4
-        prefixes = [_random_tokens(random.Random(f"prefix-{self.seed}-{i}"), longest, self.pool)
-                    for i in range(self.num_prefixes)]
+        prefixes = [
+            _random_tokens(random.Random(f"prefix-{self.seed}-{i}"), longest, self.pool)
+            for i in range(self.num_prefixes)
+        ]
         out = []
         for _ in range(n):
             isl = self.isl.draw(rng)
@@ -183,8 +190,9 @@ class AzureTrace:
                     continue
                 if self.max_osl is not None:
                     osl = min(osl, self.max_osl)
-                out.append(RequestSpec(_random_tokens(rng, isl, self.pool), osl,
-                                       arrival_s=(at - start).total_seconds()))
+                out.append(
+                    RequestSpec(_random_tokens(rng, isl, self.pool), osl, arrival_s=(at - start).total_seconds())
+                )
         return out
 
     def describe(self) -> dict:
@@ -204,8 +212,14 @@ def replay_offsets(specs: list[RequestSpec], time_scale: float = 1.0, rate_scale
     return [((s.arrival_s or 0.0) - first) * factor for s in specs]
 
 
-def phase_requests(minutes: float, rate: float, prefill_phase: tuple[int, int], decode_phase: tuple[int, int],
-                   seed: int, token_range: tuple[int, int]) -> list[RequestSpec]:
+def phase_requests(
+    minutes: float,
+    rate: float,
+    prefill_phase: tuple[int, int],
+    decode_phase: tuple[int, int],
+    seed: int,
+    token_range: tuple[int, int],
+) -> list[RequestSpec]:
     """Poisson arrivals at rate x (1 + 0.6 sin(2 pi t / (T/3))) (thinning of
     a Poisson process at 1.6 x rate), unique prompts of token ids in
     `token_range`; (ISL, OSL) `prefill_phase` in the first half of the run,

@@ -65,8 +65,7 @@ def app_config(model: str | None, full: bool) -> AppConfig:
 def serving(cfg: AppConfig, log, timeout_s: float):
     """Our app through `serve run`, which starts Ray itself (all of this machine's CPUs and GPUs), in this
     process's environment as it is (no HAProxy switches added); yields its URL."""
-    return launch.ours(cfg, log, ingress=False, num_cpus=None, ray_start=False, timeout_s=timeout_s,
-                       stop_wait_s=120)
+    return launch.ours(cfg, log, ingress=False, num_cpus=None, ray_start=False, timeout_s=timeout_s, stop_wait_s=120)
 
 
 def sse_text(response: httpx.Response, chat: bool) -> tuple[str, dict | None]:
@@ -93,33 +92,54 @@ def requests_and_outputs(url: str, model: str, results: list[dict]) -> None:
         answer = whole.json() if whole.status_code == 200 else {}
         text = answer.get("choices", [{}])[0].get("text", "")
         usage = answer.get("usage", {})
-        check(results, "completion", whole.status_code == 200 and text.strip() != ""
-              and 0 < usage.get("completion_tokens", 0) <= 32, status=whole.status_code, text=text, usage=usage)
+        check(
+            results,
+            "completion",
+            whole.status_code == 200 and text.strip() != "" and 0 < usage.get("completion_tokens", 0) <= 32,
+            status=whole.status_code,
+            text=text,
+            usage=usage,
+        )
 
-        with client.stream("POST", "/v1/completions", json={**body, "stream": True,
-                                                              "stream_options": {"include_usage": True}}) as r:
+        with client.stream(
+            "POST", "/v1/completions", json={**body, "stream": True, "stream_options": {"include_usage": True}}
+        ) as r:
             streamed, s_usage = sse_text(r, chat=False)
         check(results, "completion streamed equals whole (greedy)", streamed == text, streamed=streamed)
 
-        chat = client.post("/v1/chat/completions", json={"model": model, "messages": CHAT, "max_tokens": 32,
-                                                          "temperature": 0})
+        chat = client.post(
+            "/v1/chat/completions", json={"model": model, "messages": CHAT, "max_tokens": 32, "temperature": 0}
+        )
         content = chat.json()["choices"][0]["message"]["content"] if chat.status_code == 200 else ""
-        check(results, "chat", chat.status_code == 200 and content.strip() != "", status=chat.status_code,
-              content=content)
-        with client.stream("POST", "/v1/chat/completions", json={"model": model, "messages": CHAT, "max_tokens": 32,
-                                                                  "temperature": 0, "stream": True}) as r:
+        check(
+            results, "chat", chat.status_code == 200 and content.strip() != "", status=chat.status_code, content=content
+        )
+        with client.stream(
+            "POST",
+            "/v1/chat/completions",
+            json={"model": model, "messages": CHAT, "max_tokens": 32, "temperature": 0, "stream": True},
+        ) as r:
             streamed_chat, _ = sse_text(r, chat=True)
         check(results, "chat streamed equals whole (greedy)", streamed_chat == content, streamed=streamed_chat)
 
         prefix = " ".join(f"fact {i}: the sky is blue." for i in range(150))
         cached = []
         for question in ("What colour is the sky?", "Is the sky blue?"):
-            r = client.post("/v1/completions", json={"model": model, "prompt": f"{prefix}\n{question}",
-                                                     "max_tokens": 8, "temperature": 0})
-            cached.append(r.json().get("usage", {}).get("prompt_tokens_details", {}).get("cached_tokens", 0)
-                          if r.status_code == 200 else None)
-        check(results, "shared prefix reused on the prefill replica", cached[1] is not None and cached[1] > 0,
-              cached_tokens=cached)
+            r = client.post(
+                "/v1/completions",
+                json={"model": model, "prompt": f"{prefix}\n{question}", "max_tokens": 8, "temperature": 0},
+            )
+            cached.append(
+                r.json().get("usage", {}).get("prompt_tokens_details", {}).get("cached_tokens", 0)
+                if r.status_code == 200
+                else None
+            )
+        check(
+            results,
+            "shared prefix reused on the prefill replica",
+            cached[1] is not None and cached[1] > 0,
+            cached_tokens=cached,
+        )
 
 
 def metric(text: str, name: str) -> float:
@@ -136,33 +156,58 @@ def kv_transferred(url: str, results: list[dict]) -> None:
     decode = [r["stats"] or {} for r in pools["decode_pool"]]
     prefill = [r["stats"] or {} for r in pools["prefill_pool"]]
     infos = [r["info"] or {} for r in pools["prefill_pool"] + pools["decode_pool"]]
-    check(results, "engines are SGLang with a concurrent handoff",
-          all(i.get("engine_kind") == "sglang" and i.get("kv_handoff") == "concurrent" for i in infos),
-          versions=sorted({i.get("engine_version") for i in infos}))
+    check(
+        results,
+        "engines are SGLang with a concurrent handoff",
+        all(i.get("engine_kind") == "sglang" and i.get("kv_handoff") == "concurrent" for i in infos),
+        versions=sorted({i.get("engine_version") for i in infos}),
+    )
     bootstrap = [(i.get("host"), i.get("bootstrap_port")) for i in (r["info"] or {} for r in pools["prefill_pool"])]
-    check(results, "prefill replicas have bootstrap ports of their own",
-          len(set(bootstrap)) == len(bootstrap) and all(port is not None for _, port in bootstrap),
-          host_ports=bootstrap)
+    check(
+        results,
+        "prefill replicas have bootstrap ports of their own",
+        len(set(bootstrap)) == len(bootstrap) and all(port is not None for _, port in bootstrap),
+        host_ports=bootstrap,
+    )
     transferred = sum(s.get("prompt_tokens_transferred_total", 0) for s in decode)
     transfers = sum(s.get("kv_transfers_total", 0) for s in decode)
     failures = sum(s.get("kv_transfer_failures_total", 0) for s in decode)
     computed_on_decode = sum(s.get("prompt_tokens_computed_total", 0) for s in decode)
     computed_on_prefill = sum(s.get("prompt_tokens_computed_total", 0) for s in prefill)
-    check(results, "decode replicas received prompts by KV transfer",
-          transferred > 0 and transfers > 0 and failures == 0 and computed_on_decode == 0,
-          prompt_tokens_transferred=transferred, kv_transfers=transfers, failures=failures,
-          prompt_tokens_computed_on_decode=computed_on_decode)
-    check(results, "prefill replicas computed the prompts", computed_on_prefill > 0,
-          prompt_tokens_computed_on_prefill=computed_on_prefill)
+    check(
+        results,
+        "decode replicas received prompts by KV transfer",
+        transferred > 0 and transfers > 0 and failures == 0 and computed_on_decode == 0,
+        prompt_tokens_transferred=transferred,
+        kv_transfers=transfers,
+        failures=failures,
+        prompt_tokens_computed_on_decode=computed_on_decode,
+    )
+    check(
+        results,
+        "prefill replicas computed the prompts",
+        computed_on_prefill > 0,
+        prompt_tokens_computed_on_prefill=computed_on_prefill,
+    )
     text = httpx.get(f"{url}/metrics", timeout=30).text
     handoffs = metric(text, "orchestrator_kv_handoffs_total")
     fallbacks = metric(text, "orchestrator_prefill_fallbacks_total")
-    check(results, "frontend counted handoffs and no prefill fallback", handoffs > 0 and fallbacks == 0,
-          kv_handoffs=handoffs, prefill_fallbacks=fallbacks)
+    check(
+        results,
+        "frontend counted handoffs and no prefill fallback",
+        handoffs > 0 and fallbacks == 0,
+        kv_handoffs=handoffs,
+        prefill_fallbacks=fallbacks,
+    )
     indexed = [r.get("indexed_blocks", 0) for r in pools["prefill_pool"]]
     malformed = metric(text, "orchestrator_kv_events_malformed")
-    check(results, "KV events of prefill replicas indexed, none malformed", sum(indexed) > 0 and malformed == 0,
-          indexed_blocks=indexed, malformed_batches=malformed)
+    check(
+        results,
+        "KV events of prefill replicas indexed, none malformed",
+        sum(indexed) > 0 and malformed == 0,
+        indexed_blocks=indexed,
+        malformed_batches=malformed,
+    )
 
 
 def main() -> int:
@@ -183,9 +228,16 @@ def main() -> int:
             kv_transferred(url, results)
     except Exception as e:  # the run itself failed: record why
         check(results, "serve and run", False, error=f"{type(e).__name__}: {e}")
-    doc = {"config": str(CONFIG.relative_to(ROOT)), "full": args.full, "model": model,
-           "started": started, "seconds": round(time.time() - started, 1),
-           "ok": all(r["ok"] for r in results), "checks": results, "log": str(log.relative_to(ROOT))}
+    doc = {
+        "config": str(CONFIG.relative_to(ROOT)),
+        "full": args.full,
+        "model": model,
+        "started": started,
+        "seconds": round(time.time() - started, 1),
+        "ok": all(r["ok"] for r in results),
+        "checks": results,
+        "log": str(log.relative_to(ROOT)),
+    }
     report.write_json(OUT, doc)
     print(f"wrote {OUT.relative_to(ROOT)}: {'all checks passed' if doc['ok'] else 'FAILED'}")
     return 0 if doc["ok"] else 1

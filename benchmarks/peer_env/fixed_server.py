@@ -36,8 +36,11 @@ def app(ttft_ms: float, itl_ms: float, tokenizer: Tokenizer, name: str) -> Starl
                 done = "length" if i == n_out - 1 else None
                 yield event(body, choices=[{"index": 0, "text": " tok", "finish_reason": done}])
             if usage:
-                yield event(body, choices=[], usage={"prompt_tokens": n_in, "completion_tokens": n_out,
-                                                     "total_tokens": n_in + n_out})
+                yield event(
+                    body,
+                    choices=[],
+                    usage={"prompt_tokens": n_in, "completion_tokens": n_out, "total_tokens": n_in + n_out},
+                )
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
@@ -45,11 +48,20 @@ def app(ttft_ms: float, itl_ms: float, tokenizer: Tokenizer, name: str) -> Starl
     async def models(request):
         return JSONResponse({"object": "list", "data": [{"id": name, "object": "model"}]})
 
-    return Starlette(routes=[Route("/v1/completions", completions, methods=["POST"]), Route("/v1/models", models),
-                             Route("/health", models)])
+    return Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/models", models),
+            Route("/health", models),
+        ]
+    )
 
 
 if __name__ == "__main__":
     port, ttft_ms, itl_ms, tokenizer_json, name = sys.argv[1:6]
-    uvicorn.run(app(float(ttft_ms), float(itl_ms), Tokenizer.from_file(tokenizer_json), name), host="127.0.0.1",
-                port=int(port), log_level="warning")
+    uvicorn.run(
+        app(float(ttft_ms), float(itl_ms), Tokenizer.from_file(tokenizer_json), name),
+        host="127.0.0.1",
+        port=int(port),
+        log_level="warning",
+    )

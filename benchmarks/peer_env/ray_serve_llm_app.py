@@ -23,16 +23,24 @@ def _config(model_dir: str, name: str, cpus: float, replicas: int, deployment: d
         model_loading_config=dict(model_id=name, model_source=model_dir),
         accelerator_config={"kind": "cpu"},
         placement_group_config={"bundles": [{"CPU": cpus}]},
-        deployment_config=dict(autoscaling_config=dict(min_replicas=replicas, max_replicas=replicas),
-                               **(deployment or {})),
+        deployment_config=dict(
+            autoscaling_config=dict(min_replicas=replicas, max_replicas=replicas), **(deployment or {})
+        ),
         experimental_configs={"stream_batching_interval_ms": 0},  # tokens streamed as they come, as ours
         **kwargs,
     )
 
 
 def _engine(block: str, max_len: str, kv_bytes: str, **extra) -> dict:
-    return dict(dtype="float32", max_model_len=int(max_len), enforce_eager=True, block_size=int(block),
-                enable_prefix_caching=True, kv_cache_memory_bytes=int(kv_bytes), **extra)
+    return dict(
+        dtype="float32",
+        max_model_len=int(max_len),
+        enforce_eager=True,
+        block_size=int(block),
+        enable_prefix_caching=True,
+        kv_cache_memory_bytes=int(kv_bytes),
+        **extra,
+    )
 
 
 def openai(model_dir, name, replicas, block, max_len, kv_bytes, router):

@@ -70,11 +70,15 @@ def build_openai_app(service: CompletionService, hooks: AppHooks) -> FastAPI:
         return _error_response(err)
 
     if hooks.api_key:
+
         @app.middleware("http")
         async def _auth(request: Request, call_next):
             if request.url.path.startswith(("/v1/", "/pools")) and not _authorized(request, hooks.api_key):
-                return _error_response(APIError(401, "Incorrect or missing API key: send Authorization: Bearer <key>.",
-                                                code="invalid_api_key"))
+                return _error_response(
+                    APIError(
+                        401, "Incorrect or missing API key: send Authorization: Bearer <key>.", code="invalid_api_key"
+                    )
+                )
             return await call_next(request)
 
     @app.exception_handler(StarletteHTTPException)
@@ -103,8 +107,10 @@ def build_openai_app(service: CompletionService, hooks: AppHooks) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         report = await hooks.health()
-        return JSONResponse({"status": "ok" if report.ready else "unavailable", **report.detail},
-                            status_code=200 if report.ready else 503)
+        return JSONResponse(
+            {"status": "ok" if report.ready else "unavailable", **report.detail},
+            status_code=200 if report.ready else 503,
+        )
 
     @app.get("/pools")
     async def pools() -> JSONResponse:

@@ -35,7 +35,9 @@ def _finish(reason: FinishReason | None) -> str | None:
     return reason.value if reason is not None else None
 
 
-def whole_response(endpoint: Endpoint, h: ResponseHeader, totals: CompletionTotals, usage_body: dict[str, Any]) -> dict[str, Any]:
+def whole_response(
+    endpoint: Endpoint, h: ResponseHeader, totals: CompletionTotals, usage_body: dict[str, Any]
+) -> dict[str, Any]:
     if endpoint is Endpoint.COMPLETIONS:
         choice = {"index": 0, "text": totals.text, "logprobs": None, "finish_reason": _finish(totals.finish_reason)}
         obj = "text_completion"
@@ -57,7 +59,11 @@ def _chunk(endpoint: Endpoint, h: ResponseHeader, choices: list[dict[str, Any]])
 
 def role_chunk(h: ResponseHeader) -> dict[str, Any]:
     """The first chat chunk: the assistant role, no content yet."""
-    return _chunk(Endpoint.CHAT, h, [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
+    return _chunk(
+        Endpoint.CHAT,
+        h,
+        [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
+    )
 
 
 def delta_chunk(endpoint: Endpoint, h: ResponseHeader, text: str, finish_reason: FinishReason | None) -> dict[str, Any]:

@@ -37,10 +37,10 @@ from orchestrator.api.responses import (
 )
 from orchestrator.config import LimitsConfig
 from orchestrator.engines.base import EngineRequestRejected
+from orchestrator.messages import CompletionTotals, EngineChunk, EngineRequest, SamplingSpec
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.prompts import PromptRenderer
 from orchestrator.request_path import RequestPath, RequestTrace
-from orchestrator.messages import CompletionTotals, EngineChunk, EngineRequest, SamplingSpec
 from orchestrator.routing.shape import ShapeRouter
 
 
@@ -51,8 +51,13 @@ class ModelCard:
     created: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {"id": self.name, "object": "model", "created": self.created, "owned_by": "orchestrator",
-                "max_model_len": self.max_model_len}
+        return {
+            "id": self.name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "orchestrator",
+            "max_model_len": self.max_model_len,
+        }
 
 
 @dataclass(frozen=True)
@@ -163,8 +168,13 @@ class CompletionService:
         frontend is at its admission limit."""
         if not self.gate.try_enter():
             self.metrics.requests.labels(endpoint.value, "rejected").inc()
-            raise APIError(429, "The server is at capacity; retry later.", type="requests", code="rate_limit_exceeded",
-                           headers={"Retry-After": str(self.retry_after_s)})
+            raise APIError(
+                429,
+                "The server is at capacity; retry later.",
+                type="requests",
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(self.retry_after_s)},
+            )
         slot = _Slot(self.gate)
         try:
             prepared = await self._prepare(endpoint, _parse_json(raw_body))
@@ -197,7 +207,9 @@ class CompletionService:
             raise from_validation_error(e) from None
         unsupported = req.unsupported_fields()
         if unsupported:
-            raise bad_request(f"{unsupported[0]} is not supported by this server", param=unsupported[0], code="unsupported")
+            raise bad_request(
+                f"{unsupported[0]} is not supported by this server", param=unsupported[0], code="unsupported"
+            )
         self._check_stops(req.stop or [])
         if req.model != self.model.name:
             raise model_not_found(req.model)
@@ -221,7 +233,9 @@ class CompletionService:
         return PreparedRequest(
             endpoint=endpoint,
             header=ResponseHeader(id=f"{prefix}-{rid}", created=int(self.wall_clock()), model=self.model.name),
-            engine_request=EngineRequest(request_id=rid, prompt_token_ids=prompt_ids, sampling=_sampling(req, max_tokens)),
+            engine_request=EngineRequest(
+                request_id=rid, prompt_token_ids=prompt_ids, sampling=_sampling(req, max_tokens)
+            ),
             stream=req.stream,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             arrival=arrival,
@@ -246,8 +260,11 @@ class CompletionService:
             raise bad_request("the prompt is empty", param=prompt_param)
         max_prompt = self.limits.max_prompt_tokens
         if max_prompt is not None and prompt_len > max_prompt:
-            raise bad_request(f"the prompt has {prompt_len} tokens; this server accepts at most {max_prompt}",
-                              param=prompt_param, code="prompt_too_long")
+            raise bad_request(
+                f"the prompt has {prompt_len} tokens; this server accepts at most {max_prompt}",
+                param=prompt_param,
+                code="prompt_too_long",
+            )
         max_output = self.limits.max_output_tokens
         if requested is not None and max_output is not None and requested > max_output:
             raise bad_request(f"max_tokens may be at most {max_output} on this server", param="max_tokens")
@@ -255,7 +272,8 @@ class CompletionService:
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens; the prompt has {prompt_len} tokens "
                 "and leaves no room for a completion.",
-                param=prompt_param, code="context_length_exceeded",
+                param=prompt_param,
+                code="context_length_exceeded",
             )
         if requested is None:
             return min(limit - prompt_len, max_output or limit)
@@ -263,7 +281,8 @@ class CompletionService:
             raise bad_request(
                 f"This model's maximum context length is {limit} tokens. However, you requested "
                 f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the completion).",
-                param="max_tokens", code="context_length_exceeded",
+                param="max_tokens",
+                code="context_length_exceeded",
             )
         return requested
 
@@ -341,7 +360,9 @@ class CompletionService:
         finally:
             slot.release()
 
-    async def _sse_events(self, p: PreparedRequest, totals: CompletionTotals, trace: RequestTrace) -> AsyncIterator[str]:
+    async def _sse_events(
+        self, p: PreparedRequest, totals: CompletionTotals, trace: RequestTrace
+    ) -> AsyncIterator[str]:
         try:
             if p.endpoint is Endpoint.CHAT:
                 yield sse.event(role_chunk(p.header))
@@ -355,7 +376,9 @@ class CompletionService:
         except Exception as e:
             outcome = "client_error" if isinstance(e, EngineRequestRejected) else "server_error"
             self.metrics.requests.labels(p.endpoint.value, outcome).inc()
-            err = bad_request(_cause(e)) if outcome == "client_error" else server_error(f"generation failed: {_cause(e)}")
+            err = (
+                bad_request(_cause(e)) if outcome == "client_error" else server_error(f"generation failed: {_cause(e)}")
+            )
             yield sse.event(err.body())
             yield sse.DONE
             return

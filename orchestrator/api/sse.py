@@ -15,7 +15,7 @@ _LINE_BREAKS_JSON_KEEPS = str.maketrans({"\u0085": "\\u0085", "\u2028": "\\u2028
 def event(payload: dict[str, Any]) -> str:
     """One SSE `data:` event on one line: JSON escapes control characters, and
     the Unicode line separators it would keep are escaped here."""
-    data = json.dumps(payload, separators=(',', ':'), ensure_ascii=False).translate(_LINE_BREAKS_JSON_KEEPS)
+    data = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).translate(_LINE_BREAKS_JSON_KEEPS)
     return f"data: {data}\n\n"
 
 
@@ -28,6 +28,6 @@ def parse_events(stream_text: str) -> list[dict[str, Any] | str]:
             continue
         if not block.startswith("data: "):
             raise ValueError(f"not an SSE data event: {block[:80]!r}")
-        data = block[len("data: "):]
+        data = block[len("data: ") :]
         out.append(data if data == "[DONE]" else json.loads(data))
     return out

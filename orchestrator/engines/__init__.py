@@ -15,8 +15,17 @@ from orchestrator.engines.adapter import EngineAdapter, EngineSpec, publishes_kv
 from orchestrator.engines.base import Engine, EngineRole
 from orchestrator.kv.events import KVEventBatch
 
-__all__ = ["ADAPTER_MODULES", "EngineAdapter", "EngineSpec", "check_engine_config", "create_engine",
-           "engine_adapter", "kv_event_decoder", "process_env", "publishes_kv_events"]
+__all__ = [
+    "ADAPTER_MODULES",
+    "EngineAdapter",
+    "EngineSpec",
+    "check_engine_config",
+    "create_engine",
+    "engine_adapter",
+    "kv_event_decoder",
+    "process_env",
+    "publishes_kv_events",
+]
 
 # Engine kind -> the module whose `ADAPTER` serves it.
 ADAPTER_MODULES = {

@@ -43,8 +43,9 @@ class EngineSpec:
     @classmethod
     def for_pool(cls, app: AppConfig, pool: PoolConfig, role: EngineRole, host: str) -> EngineSpec:
         """The spec of one replica of `pool` in application `app`."""
-        return cls(app.model, app.kv_cache, pool.engine, role, host, app.network,
-                   publish_kv_events=publishes_kv_events(app))
+        return cls(
+            app.model, app.kv_cache, pool.engine, role, host, app.network, publish_kv_events=publishes_kv_events(app)
+        )
 
 
 @dataclass(frozen=True)

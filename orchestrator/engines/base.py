@@ -85,7 +85,7 @@ class EngineInfo:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "EngineInfo":
+    def from_dict(cls, d: dict[str, Any]) -> EngineInfo:
         known = {f.name for f in fields(cls)}
         values = {k: v for k, v in d.items() if k in known}
         values["role"] = EngineRole(values["role"])
@@ -133,7 +133,7 @@ class EngineStats:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "EngineStats":
+    def from_dict(cls, d: dict[str, Any]) -> EngineStats:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
 

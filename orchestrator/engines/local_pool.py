@@ -8,8 +8,8 @@ import dataclasses
 from collections.abc import AsyncIterator
 
 from orchestrator.engines.base import Engine, EngineInfo
-from orchestrator.pools import ReplicaView
 from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
+from orchestrator.pools import ReplicaView
 
 
 class LocalPool:

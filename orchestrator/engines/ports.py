@@ -104,8 +104,7 @@ def _claim(port: int) -> PortReservation | None:
     return PortReservation(port, claim)
 
 
-def reserve_listen_port(host: str, rng: random.Random | None = None,
-                        ephemeral: range | None = None) -> PortReservation:
+def reserve_listen_port(host: str, rng: random.Random | None = None, ephemeral: range | None = None) -> PortReservation:
     """`listen_port`, and no two reservations on one node alike: the port is
     held for the caller until it releases it or exits, however many
     replicas draw at the same moment."""

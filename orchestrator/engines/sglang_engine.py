@@ -51,8 +51,8 @@ from orchestrator.engines.base import (
 )
 from orchestrator.engines.ports import PortReservation, listen_port, reserve_listen_port
 from orchestrator.engines.sglang_kv_events import decode_batch, events_config
-from orchestrator.placement import one_bundle_placement
 from orchestrator.messages import EngineChunk, EngineRequest, FinishReason, PrefillResult, SamplingSpec
+from orchestrator.placement import one_bundle_placement
 
 ENGINE_KIND = "sglang"
 
@@ -79,8 +79,9 @@ class EnginePorts:
     kv_events_replay: int | None = None  # ZMQ ROUTER
 
 
-def draw_ports(host: str, role: EngineRole, publish_kv_events: bool,
-               rng: random.Random | None = None) -> tuple[EnginePorts, PortReservation | None]:
+def draw_ports(
+    host: str, role: EngineRole, publish_kv_events: bool, rng: random.Random | None = None
+) -> tuple[EnginePorts, PortReservation | None]:
     """One replica's ports, drawn as `ports.listen_port` draws them. A prefill
     replica's bootstrap port is also reserved on the node (returned; the
     replica holds it while its engine lives): SGLang's bootstrap server only
@@ -153,25 +154,83 @@ def process_env(engine: SglangEngineConfig, network: NetworkConfig) -> dict[str,
 # the namespaces of srt/arg_groups/fields/): what `server_args` is checked
 # against where SGLang is not installed. A subset of the real class;
 # tests/unit/test_sglang_adapter.py checks it against the pinned SGLang's.
-RECORDED_SERVER_ARGS_FIELDS = frozenset({
-    # set by this adapter
-    "model_path", "tokenizer_path", "served_model_name", "dtype", "context_length", "random_seed", "page_size",
-    "disable_radix_cache", "tp_size", "host", "port", "disaggregation_mode", "disaggregation_transfer_backend",
-    "disaggregation_bootstrap_port", "disaggregation_ib_device", "kv_events_config", "mem_fraction_static",
-    "max_running_requests", "chunked_prefill_size",
-    # commonly tuned
-    "tokenizer_mode", "skip_tokenizer_init", "load_format", "trust_remote_code", "revision", "download_dir",
-    "kv_cache_dtype", "quantization", "chat_template", "completion_template", "dp_size", "pp_size", "nnodes",
-    "node_rank", "dist_init_addr", "base_gpu_id", "gpu_id_step", "max_total_tokens", "max_prefill_tokens",
-    "max_queued_requests", "schedule_policy", "schedule_conservativeness", "stream_interval",
-    "incremental_streaming_output", "attention_backend", "sampling_backend", "grammar_backend",
-    "disable_cuda_graph", "cuda_graph_max_bs_decode", "cuda_graph_max_bs_prefill", "enable_torch_compile",
-    "enable_mixed_chunk", "enable_dp_attention", "enable_deterministic_inference",
-    "speculative_algorithm", "enable_lora", "lora_paths", "max_loras_per_batch", "allow_auto_truncate",
-    "preferred_sampling_params", "log_level", "enable_metrics", "enable_trace", "watchdog_timeout",
-    "skip_server_warmup", "tokenizer_worker_num", "reasoning_parser", "tool_call_parser",
-    "enable_hierarchical_cache", "hicache_ratio", "radix_eviction_policy", "weight_version",
-})
+RECORDED_SERVER_ARGS_FIELDS = frozenset(
+    {
+        # set by this adapter
+        "model_path",
+        "tokenizer_path",
+        "served_model_name",
+        "dtype",
+        "context_length",
+        "random_seed",
+        "page_size",
+        "disable_radix_cache",
+        "tp_size",
+        "host",
+        "port",
+        "disaggregation_mode",
+        "disaggregation_transfer_backend",
+        "disaggregation_bootstrap_port",
+        "disaggregation_ib_device",
+        "kv_events_config",
+        "mem_fraction_static",
+        "max_running_requests",
+        "chunked_prefill_size",
+        # commonly tuned
+        "tokenizer_mode",
+        "skip_tokenizer_init",
+        "load_format",
+        "trust_remote_code",
+        "revision",
+        "download_dir",
+        "kv_cache_dtype",
+        "quantization",
+        "chat_template",
+        "completion_template",
+        "dp_size",
+        "pp_size",
+        "nnodes",
+        "node_rank",
+        "dist_init_addr",
+        "base_gpu_id",
+        "gpu_id_step",
+        "max_total_tokens",
+        "max_prefill_tokens",
+        "max_queued_requests",
+        "schedule_policy",
+        "schedule_conservativeness",
+        "stream_interval",
+        "incremental_streaming_output",
+        "attention_backend",
+        "sampling_backend",
+        "grammar_backend",
+        "disable_cuda_graph",
+        "cuda_graph_max_bs_decode",
+        "cuda_graph_max_bs_prefill",
+        "enable_torch_compile",
+        "enable_mixed_chunk",
+        "enable_dp_attention",
+        "enable_deterministic_inference",
+        "speculative_algorithm",
+        "enable_lora",
+        "lora_paths",
+        "max_loras_per_batch",
+        "allow_auto_truncate",
+        "preferred_sampling_params",
+        "log_level",
+        "enable_metrics",
+        "enable_trace",
+        "watchdog_timeout",
+        "skip_server_warmup",
+        "tokenizer_worker_num",
+        "reasoning_parser",
+        "tool_call_parser",
+        "enable_hierarchical_cache",
+        "hicache_ratio",
+        "radix_eviction_policy",
+        "weight_version",
+    }
+)
 
 
 # Prints the field names of the installed SGLang's ServerArgs (a msgspec
@@ -194,8 +253,9 @@ def server_args_fields() -> frozenset[str]:
 
     if importlib.util.find_spec("sglang") is None:
         return RECORDED_SERVER_ARGS_FIELDS
-    listed = subprocess.run([sys.executable, "-c", _LIST_SERVER_ARGS_FIELDS], capture_output=True, text=True,
-                            check=False)
+    listed = subprocess.run(
+        [sys.executable, "-c", _LIST_SERVER_ARGS_FIELDS], capture_output=True, text=True, check=False
+    )
     if listed.returncode != 0:
         raise RuntimeError(f"cannot read SGLang's ServerArgs fields: {listed.stderr.strip()[-2000:]}")
     return frozenset(json.loads(listed.stdout.splitlines()[-1]))
@@ -259,8 +319,11 @@ def rendezvous_params(request: EngineRequest) -> dict[str, Any]:
         return {}
     p = request.kv_transfer.engine_params
     try:
-        return {BOOTSTRAP_HOST: str(p[BOOTSTRAP_HOST]), BOOTSTRAP_PORT: int(p[BOOTSTRAP_PORT]),
-                BOOTSTRAP_ROOM: int(p[BOOTSTRAP_ROOM])}
+        return {
+            BOOTSTRAP_HOST: str(p[BOOTSTRAP_HOST]),
+            BOOTSTRAP_PORT: int(p[BOOTSTRAP_PORT]),
+            BOOTSTRAP_ROOM: int(p[BOOTSTRAP_ROOM]),
+        }
     except (KeyError, TypeError, ValueError) as e:
         raise EngineRequestRejected(f"KV transfer is not an SGLang rendezvous: {p!r}") from e
 
@@ -307,8 +370,9 @@ def parse_finish(raw: Mapping[str, Any] | None) -> Finish | None:
     kind = raw.get("type")
     if kind == "abort":
         code = raw.get("status_code")
-        return Finish(FinishReason.ABORT, message=raw.get("message"),
-                      status_code=int(code) if code is not None else None)
+        return Finish(
+            FinishReason.ABORT, message=raw.get("message"), status_code=int(code) if code is not None else None
+        )
     if kind == "length":
         return Finish(FinishReason.LENGTH)
     matched = raw.get("matched")
@@ -375,8 +439,8 @@ class ChunkDecoder:
         if out.finish is not None and out.finish.reason is FinishReason.ABORT:
             raise abort_error(out.finish)
         incremental = self.mode is StreamMode.INCREMENTAL
-        new_ids = out.output_ids if incremental else out.output_ids[self.ids_seen:]
-        new_text = out.text if incremental else out.text[self.text_seen:]
+        new_ids = out.output_ids if incremental else out.output_ids[self.ids_seen :]
+        new_text = out.text if incremental else out.text[self.text_seen :]
         self.ids_seen += len(new_ids)
         self.text_seen += len(new_text)
         if not new_ids and not new_text and out.finish is None:
@@ -472,8 +536,9 @@ def engine_info(
         max_model_len=model.max_model_len,
         host=host,
         kv_events_endpoint=f"tcp://{host}:{ports.kv_events}" if ports.kv_events is not None else None,
-        kv_events_replay_endpoint=(f"tcp://{host}:{ports.kv_events_replay}"
-                                   if ports.kv_events_replay is not None else None),
+        kv_events_replay_endpoint=(
+            f"tcp://{host}:{ports.kv_events_replay}" if ports.kv_events_replay is not None else None
+        ),
         kv_capacity_blocks=kv_capacity_blocks(scheduler_info, kv_cache.block_size),
         pid=pid,
         kv_handoff=KVHandoff.CONCURRENT,
@@ -517,8 +582,17 @@ class SglangEngine:
         # SGLang's tokenizer manager starts its output loop on the loop of the
         # first request, i.e. this replica's.
         self._engine = await asyncio.to_thread(lambda: sglang.Engine(**kwargs))
-        self._info = engine_info(self._role, sglang.__version__, str(uuid.uuid4()), self._model, self._kv_cache,
-                                 self._host, ports, _scheduler_info(self._engine), pid=os.getpid())
+        self._info = engine_info(
+            self._role,
+            sglang.__version__,
+            str(uuid.uuid4()),
+            self._model,
+            self._kv_cache,
+            self._host,
+            ports,
+            _scheduler_info(self._engine),
+            pid=os.getpid(),
+        )
         return self._info
 
     def shutdown(self) -> None:

@@ -30,8 +30,8 @@ from orchestrator.config import SimEngineConfig
 from orchestrator.engines.adapter import EngineAdapter, EngineSpec, PlannerInputs, no_config_check, no_process_env
 from orchestrator.engines.base import EngineError, EngineInfo, EngineRequestRejected, EngineStats
 from orchestrator.engines.vllm_kv_events import decode_batch
-from orchestrator.placement import per_rank_placement
 from orchestrator.messages import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
+from orchestrator.placement import per_rank_placement
 from orchestrator.sim.core import Emitted, SimCore, SimRequest
 from orchestrator.sim.link import LINKS
 from orchestrator.sim.perf_model import GPUS, MODELS, PerfModel, ProfileModel, roofline
@@ -102,9 +102,15 @@ class SimEngine:
     async def start(self) -> EngineInfo:
         self._tokenizer = await asyncio.to_thread(load_detokenizer, self._model.tokenizer_source)
         blocks = kv_capacity_blocks(self._cfg, self._perf, self._kv_cache.block_size)
-        self._core = SimCore(self._perf, blocks, self._kv_cache.block_size, self._cfg.max_num_seqs,
-                             self._cfg.max_num_batched_tokens, self._kv_cache.enable_prefix_caching,
-                             vocab_size=self._tokenizer.get_vocab_size())
+        self._core = SimCore(
+            self._perf,
+            blocks,
+            self._kv_cache.block_size,
+            self._cfg.max_num_seqs,
+            self._cfg.max_num_batched_tokens,
+            self._kv_cache.enable_prefix_caching,
+            vocab_size=self._tokenizer.get_vocab_size(),
+        )
         events, replay = None, None
         if self._publish_kv_events:
             from orchestrator.kv.publisher import ZmqKVEventPublisher
@@ -115,10 +121,19 @@ class SimEngine:
         self._t0 = self._clock()
         self._loop_task = asyncio.create_task(self._run())
         return EngineInfo(
-            role=self._role, engine_kind=ENGINE_KIND, engine_version=SIM_VERSION, engine_id=self._engine_id,
-            model=self._model.name, block_size=self._kv_cache.block_size, max_model_len=self._model.max_model_len,
-            host=self._host, kv_events_endpoint=events, kv_events_replay_endpoint=replay,
-            kv_capacity_blocks=blocks, kv_bytes_per_token=self._perf.kv_bytes_per_token, pid=os.getpid(),
+            role=self._role,
+            engine_kind=ENGINE_KIND,
+            engine_version=SIM_VERSION,
+            engine_id=self._engine_id,
+            model=self._model.name,
+            block_size=self._kv_cache.block_size,
+            max_model_len=self._model.max_model_len,
+            host=self._host,
+            kv_events_endpoint=events,
+            kv_events_replay_endpoint=replay,
+            kv_capacity_blocks=blocks,
+            kv_bytes_per_token=self._perf.kv_bytes_per_token,
+            pid=os.getpid(),
         )
 
     # -- the step loop ----------------------------------------------------------
@@ -156,7 +171,8 @@ class SimEngine:
         if needed > self._core.blocks.num_blocks:
             raise EngineRequestRejected(
                 f"prompt of {len(request.prompt)} tokens needs {needed} KV blocks; the engine has "
-                f"{self._core.blocks.num_blocks}")
+                f"{self._core.blocks.num_blocks}"
+            )
         stream: asyncio.Queue[Emitted] = asyncio.Queue()
         self._streams[request.request_id] = stream
         self._core.add(request)
@@ -173,8 +189,12 @@ class SimEngine:
         if request.kv_transfer is not None:
             transfer_s = self._transfer_time(request.kv_transfer.num_tokens)
             self._record_transfer(request.kv_transfer.num_tokens, transfer_s)
-        sim = SimRequest(request.request_id, list(request.prompt_token_ids), request.sampling.max_tokens,
-                         transfer_done_at=None if transfer_s is None else self._elapsed() + transfer_s)
+        sim = SimRequest(
+            request.request_id,
+            list(request.prompt_token_ids),
+            request.sampling.max_tokens,
+            transfer_done_at=None if transfer_s is None else self._elapsed() + transfer_s,
+        )
         stream = self._submit(sim)
         finished = False
         first = True
@@ -210,8 +230,12 @@ class SimEngine:
         asyncio.get_running_loop().call_later(lease_s, self._core.release, request.request_id)
         block_size = self._kv_cache.block_size
         return PrefillResult(
-            kv_transfer=KVTransfer(source_engine_id=self._engine_id, num_blocks=-(-len(sim.prompt) // block_size),
-                                   num_tokens=len(sim.prompt), engine_params={"sim_request_id": request.request_id}),
+            kv_transfer=KVTransfer(
+                source_engine_id=self._engine_id,
+                num_blocks=-(-len(sim.prompt) // block_size),
+                num_tokens=len(sim.prompt),
+                engine_params={"sim_request_id": request.request_id},
+            ),
             num_prompt_tokens=len(sim.prompt),
             num_cached_tokens=sim.cached_tokens,
         )

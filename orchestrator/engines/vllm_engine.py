@@ -30,8 +30,8 @@ from orchestrator.engines.base import (
 from orchestrator.engines.ports import listen_port
 from orchestrator.engines.vllm_kv_events import decode_batch, events_config
 from orchestrator.engines.vllm_plugin import EXIT_WITH_PARENT_ENV, NIXL_PROGRESS_DELAY_ENV, SHM_POLL_ENV
-from orchestrator.placement import per_rank_placement
 from orchestrator.messages import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
+from orchestrator.placement import per_rank_placement
 
 ENGINE_KIND = "vllm"
 
@@ -176,8 +176,10 @@ class VllmEngine:
                 kv_connector="NixlConnector",
                 kv_role=_ROLE_TO_KV_ROLE[self._role],
                 kv_buffer_device="cpu" if cfg.device is Device.CPU else "cuda",
-                kv_connector_extra_config={"backends": list(self._network.nixl_backends),
-                                           "kv_lease_duration": self._network.kv_lease_s},
+                kv_connector_extra_config={
+                    "backends": list(self._network.nixl_backends),
+                    "kv_lease_duration": self._network.kv_lease_s,
+                },
                 # A decode engine whose KV read fails (prefill replica gone, transfer
                 # error) computes the prompt itself instead of failing the request.
                 kv_load_failure_policy="recompute",

@@ -118,8 +118,13 @@ _encoder = msgspec.msgpack.Encoder()
 
 def _wire(event: KVEvent) -> _Event:
     if isinstance(event, BlockStored):
-        return _BlockStored(tuple(event.engine_hashes), event.parent_engine_hash, tuple(event.token_ids),
-                            event.block_size, DEVICE_MEDIUM)
+        return _BlockStored(
+            tuple(event.engine_hashes),
+            event.parent_engine_hash,
+            tuple(event.token_ids),
+            event.block_size,
+            DEVICE_MEDIUM,
+        )
     if isinstance(event, BlockRemoved):
         return _BlockRemoved(tuple(event.engine_hashes), DEVICE_MEDIUM)
     return _AllBlocksCleared()

@@ -34,7 +34,7 @@ def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = ROOT_H
     out = []
     h = parent
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        h = hash((h, tokens[start:start + block_size]))
+        h = hash((h, tokens[start : start + block_size]))
         out.append(h)
     return out
 
@@ -44,5 +44,5 @@ def iter_block_hashes(token_ids: Sequence[int], block_size: int, parent: int = R
     tokens = token_ids if isinstance(token_ids, tuple) else tuple(token_ids)
     h = parent
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        h = hash((h, tokens[start:start + block_size]))
+        h = hash((h, tokens[start : start + block_size]))
         yield h

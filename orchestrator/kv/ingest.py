@@ -88,5 +88,7 @@ class KVEventIngest:
             resync = ResyncReason.ORPHANED
         return IngestOutcome(
             Action.RESYNCED if resync else Action.APPLIED,
-            resync=resync, stored=result.stored, removed=result.removed,
+            resync=resync,
+            stored=result.stored,
+            removed=result.removed,
         )

@@ -150,7 +150,7 @@ class KVEventSubscriber:
                 batch = self._decode(view.replica_id, decode, frames[1:])
                 if batch is not None:
                     batches.append(batch)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             log.warning("KV event replay from %s timed out", view.replica_id)
         finally:
             sock.close(linger=0)

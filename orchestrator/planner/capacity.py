@@ -33,8 +33,9 @@ def prefill_capacity(perf: PerfModel, uncached_tokens: float, ttft_target_s: flo
     return rho_max * max(uncached_tokens, 1.0) / s
 
 
-def decode_batch_limit(perf: PerfModel, context: float, itl_target_s: float, kv_capacity_tokens: int | None,
-                       max_num_seqs: int) -> int:
+def decode_batch_limit(
+    perf: PerfModel, context: float, itl_target_s: float, kv_capacity_tokens: int | None, max_num_seqs: int
+) -> int:
     """The largest batch within the ITL target and the KV capacity (0: none)."""
     ctx = max(int(round(context)), 1)
     limit = max_num_seqs
@@ -56,8 +57,9 @@ def decode_batch_limit(perf: PerfModel, context: float, itl_target_s: float, kv_
     return lo
 
 
-def decode_capacity(perf: PerfModel, context: float, itl_target_s: float, kv_capacity_tokens: int | None,
-                    max_num_seqs: int) -> float:
+def decode_capacity(
+    perf: PerfModel, context: float, itl_target_s: float, kv_capacity_tokens: int | None, max_num_seqs: int
+) -> float:
     """Output tokens per second one replica decodes within the ITL target."""
     b = decode_batch_limit(perf, context, itl_target_s, kv_capacity_tokens, max_num_seqs)
     if b == 0:

@@ -27,5 +27,12 @@ def make_planner(app: AppConfig) -> SlaPlanner:
     else:
         raise ValueError(f"planner.profile is required for {engine.kind} pools (make one with `orchestrator profile`)")
     prefill = app.prefill_pool.replicas if app.prefill_pool is not None else 0
-    return SlaPlanner(app.planner, app.sla, perf, kv_tokens, max_num_seqs=inputs.max_num_seqs or 256,
-                      disaggregated=app.prefill_pool is not None, initial=(prefill, app.decode_pool.replicas))
+    return SlaPlanner(
+        app.planner,
+        app.sla,
+        perf,
+        kv_tokens,
+        max_num_seqs=inputs.max_num_seqs or 256,
+        disaggregated=app.prefill_pool is not None,
+        initial=(prefill, app.decode_pool.replicas),
+    )

@@ -25,8 +25,13 @@ from orchestrator.planner.observer import ReplicaReport, pool_peak_prompt_tps
 from orchestrator.planner.planner import Observation
 
 
-def observe_pools(interval_s: float, prefill: Sequence[ReplicaReport] | None, decode: Sequence[ReplicaReport],
-                  prefill_ready: int, decode_ready: int) -> Observation:
+def observe_pools(
+    interval_s: float,
+    prefill: Sequence[ReplicaReport] | None,
+    decode: Sequence[ReplicaReport],
+    prefill_ready: int,
+    decode_ready: int,
+) -> Observation:
     """`prefill` None: aggregated serving (no prefill pool)."""
     prefill = prefill or []
     rate = sum(r.arrival_rate for r in decode)

@@ -57,8 +57,18 @@ class ReplicaReport:
     buckets: tuple[float, ...] = ()  # prompt tokens per bucket, j = 1 the last complete one
 
     _LATENCIES = ("first_token_p99_s", "itl_p50_s")
-    _SCALARS = ("arrival_rate", "mean_isl", "mean_osl", "prompt_tokens", "cached_tokens", "waiting",
-                "queued_prompt_tokens", "peak_window_s", "peak_prompt_tps", "bucket_now")
+    _SCALARS = (
+        "arrival_rate",
+        "mean_isl",
+        "mean_osl",
+        "prompt_tokens",
+        "cached_tokens",
+        "waiting",
+        "queued_prompt_tokens",
+        "peak_window_s",
+        "peak_prompt_tps",
+        "bucket_now",
+    )
 
     def to_metrics(self) -> dict[str, float]:
         out = {k: float(getattr(self, k)) for k in self._SCALARS if getattr(self, k) is not None}
@@ -67,8 +77,9 @@ class ReplicaReport:
         return out
 
     @classmethod
-    def from_metrics(cls, metrics: Mapping[str, float]) -> "ReplicaReport":
+    def from_metrics(cls, metrics: Mapping[str, float]) -> ReplicaReport:
         """Missing keys take their defaults; a latency of MISSING (or NaN) is no sample."""
+
         def present(key: str) -> float | None:
             value = metrics.get(key)
             return None if value is None or math.isnan(value) else float(value)
@@ -77,7 +88,7 @@ class ReplicaReport:
         for k in cls._LATENCIES:
             v = present(k)
             values[k] = v if v is not None and v > MISSING else None
-        buckets = {int(k[len(BUCKET_KEY):]): v for k, v in metrics.items() if k.startswith(BUCKET_KEY)}
+        buckets = {int(k[len(BUCKET_KEY) :]): v for k, v in metrics.items() if k.startswith(BUCKET_KEY)}
         values["buckets"] = tuple(buckets[j] for j in range(1, len(buckets) + 1) if j in buckets)
         return cls(**values)
 
@@ -89,8 +100,13 @@ class ReplicaLoadWindow:
     buckets, plus one more, so that the controller can line up replicas
     whose latest reports straddle a bucket boundary."""
 
-    def __init__(self, span_s: float, clock: Callable[[], float] = time.time, max_samples: int = 100_000,
-                 peak_window_s: float = 2.0) -> None:
+    def __init__(
+        self,
+        span_s: float,
+        clock: Callable[[], float] = time.time,
+        max_samples: int = 100_000,
+        peak_window_s: float = 2.0,
+    ) -> None:
         if span_s <= 0 or peak_window_s <= 0:
             raise ValueError("span_s and peak_window_s must be positive")
         self.span_s = span_s
@@ -123,8 +139,9 @@ class ReplicaLoadWindow:
         self._gaps.append((self._clock(), seconds))
 
     def finished(self, output_tokens: int, cached_tokens: int, first_token_s: float | None) -> None:
-        self._finished.append((self._clock(), output_tokens, cached_tokens,
-                               MISSING if first_token_s is None else first_token_s))
+        self._finished.append(
+            (self._clock(), output_tokens, cached_tokens, MISSING if first_token_s is None else first_token_s)
+        )
 
     def report(self, waiting: int = 0) -> ReplicaReport:
         """May run on another thread than the recording calls (Serve runs a
@@ -162,7 +179,7 @@ class ReplicaLoadWindow:
             waiting=float(waiting),
             queued_prompt_tokens=float(self._queued_tokens),
             peak_window_s=float(w),
-            peak_prompt_tps=max(buckets[:self.peak_buckets]) / w,
+            peak_prompt_tps=max(buckets[: self.peak_buckets]) / w,
             bucket_now=float(current),
             buckets=tuple(float(n) for n in buckets),
         )
@@ -196,5 +213,5 @@ def pool_peak_prompt_tps(reports: Iterable[ReplicaReport]) -> float | None:
         return float(sum(peak for _, peak, _ in per_replica))
     w = widths.pop()
     n = min(len(c) for _, _, c in per_replica) - 1  # the extra bucket is for lining up only
-    newest = sorted(common, reverse=True)[:max(n, 1)]
+    newest = sorted(common, reverse=True)[: max(n, 1)]
     return max(sum(c[b] for _, _, c in per_replica) for b in newest) / w

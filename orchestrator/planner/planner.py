@@ -172,14 +172,25 @@ class SlaPlanner:
         prefill_need, decode_need = self._propose(rate, isl, osl, hit, peak)
         prefill_need += self._backlog(obs.prefill_queued_tokens, obs.interval_s, isl, hit)
         prefill, decode, reason = self._constrain(prefill_need, decode_need)
-        return ScalingDecision(prefill, decode, prefill_need, decode_need, rate, isl, osl,
-                               self._corrections["prefill"], self._corrections["decode"], reason, peak)
+        return ScalingDecision(
+            prefill,
+            decode,
+            prefill_need,
+            decode_need,
+            rate,
+            isl,
+            osl,
+            self._corrections["prefill"],
+            self._corrections["decode"],
+            reason,
+            peak,
+        )
 
     @property
     def peak_ratio(self) -> float:
         """The burst headroom: the largest peak-to-mean ratio of the last
         `peak_memory_intervals` intervals (1: none measured)."""
-        return max(self._peaks[-self.config.peak_memory_intervals:], default=1.0)
+        return max(self._peaks[-self.config.peak_memory_intervals :], default=1.0)
 
     def _observe(self, obs: Observation) -> None:
         p = self._predictors
@@ -194,10 +205,11 @@ class SlaPlanner:
         peak = obs.peak_ratio
         if obs.peak_window_s:
             self._peak_window_s = obs.peak_window_s
-        prefill_need, decode_need = self._propose(obs.request_rate, obs.mean_isl, obs.mean_osl, obs.prefix_hit_rate,
-                                                  max(peak or 1.0, 1.0), corrected=False)
+        prefill_need, decode_need = self._propose(
+            obs.request_rate, obs.mean_isl, obs.mean_osl, obs.prefix_hit_rate, max(peak or 1.0, 1.0), corrected=False
+        )
         if obs.requests and peak is not None:
-            self._peaks = (self._peaks + [peak])[-self.config.peak_memory_intervals:]
+            self._peaks = (self._peaks + [peak])[-self.config.peak_memory_intervals :]
         ready = {"prefill": obs.prefill_replicas, "decode": obs.decode_replicas}
         # Replicas serving throughout the interval: the fewer of its start and
         # end (one that came up late in the interval did not serve its queue).
@@ -212,22 +224,33 @@ class SlaPlanner:
         # target x (1 - 1/factor) alone breaks the target for the interval's
         # first arrivals. A queue that did not shrink under a sized pool is
         # the model's, though: it says the pool computes more than it does.
-        inherited = (self._backlog_s > ttft_target * (1 - 1 / self.config.queueing_factor)
-                     and obs.prefill_queued_tokens < self._queued_tokens)
+        inherited = (
+            self._backlog_s > ttft_target * (1 - 1 / self.config.queueing_factor)
+            and obs.prefill_queued_tokens < self._queued_tokens
+        )
         self._queued_tokens = obs.prefill_queued_tokens
-        self._backlog_s = self._drain_s(obs.prefill_queued_tokens, obs.prefill_replicas, obs.mean_isl,
-                                        obs.prefix_hit_rate)
-        sized = {"prefill": throughout["prefill"] >= math.ceil(prefill_need - 1e-9) and not inherited,
-                 "decode": throughout["decode"] >= math.ceil(decode_need - 1e-9)}
+        self._backlog_s = self._drain_s(
+            obs.prefill_queued_tokens, obs.prefill_replicas, obs.mean_isl, obs.prefix_hit_rate
+        )
+        sized = {
+            "prefill": throughout["prefill"] >= math.ceil(prefill_need - 1e-9) and not inherited,
+            "decode": throughout["decode"] >= math.ceil(decode_need - 1e-9),
+        }
         # A TTFT miss is the prefill pool's, unless decode engines are the ones
         # with a queue (out of sequence slots or KV: requests wait to start).
         ttft_pool = "prefill" if self.disaggregated and obs.prefill_waiting >= obs.decode_waiting else "decode"
         self._corrections[ttft_pool] = _corrected(
-            self._corrections[ttft_pool], obs.ttft_p99_s, ttft_target,
-            raise_ok=self._persists("ttft", obs.ttft_p99_s, ttft_target, sized[ttft_pool]))
+            self._corrections[ttft_pool],
+            obs.ttft_p99_s,
+            ttft_target,
+            raise_ok=self._persists("ttft", obs.ttft_p99_s, ttft_target, sized[ttft_pool]),
+        )
         self._corrections["decode"] = _corrected(
-            self._corrections["decode"], obs.itl_p50_s, itl_target,
-            raise_ok=self._persists("itl", obs.itl_p50_s, itl_target, sized["decode"]))
+            self._corrections["decode"],
+            obs.itl_p50_s,
+            itl_target,
+            raise_ok=self._persists("itl", obs.itl_p50_s, itl_target, sized["decode"]),
+        )
 
     def _persists(self, signal: str, observed: float | None, target: float, sized: bool) -> bool:
         """Whether `signal` has now missed its target with its pool sized for
@@ -250,20 +273,26 @@ class SlaPlanner:
         hit = min(max(p["hit"].predict() or 0.0, 0.0), 1.0)
         return rate, isl, osl, hit
 
-    def _propose(self, rate: float, isl: float, osl: float, hit: float, peak_ratio: float = 1.0,
-                 corrected: bool = True) -> tuple[float, float]:
+    def _propose(
+        self, rate: float, isl: float, osl: float, hit: float, peak_ratio: float = 1.0, corrected: bool = True
+    ) -> tuple[float, float]:
         """Replicas each pool needs (fractional) for the load."""
         if rate <= 0:
             return 0.0, 0.0
         uncached = max(isl * (1.0 - hit), 1.0)
         ttft_target = self.sla.ttft_p99_ms / 1000
         prefill_cap = prefill_capacity(self.perf, uncached, ttft_target, self.config.queueing_factor)
-        decode_cap = decode_capacity(self.perf, isl + osl / 2, self.sla.itl_p50_ms / 1000, self.kv_capacity_tokens,
-                                     self.max_num_seqs)
+        decode_cap = decode_capacity(
+            self.perf, isl + osl / 2, self.sla.itl_p50_ms / 1000, self.kv_capacity_tokens, self.max_num_seqs
+        )
         prefill = _need(rate * uncached, prefill_cap)
         if peak_ratio > 1.0 and self._peak_window_s:
-            prefill = max(prefill, _need(rate * uncached * peak_ratio,
-                                         self._flat_out_tps(isl, hit) * (1 + ttft_target / self._peak_window_s)))
+            prefill = max(
+                prefill,
+                _need(
+                    rate * uncached * peak_ratio, self._flat_out_tps(isl, hit) * (1 + ttft_target / self._peak_window_s)
+                ),
+            )
         decode = _need(rate * osl, decode_cap * self.config.decode_utilization)
         if corrected:
             prefill *= self._corrections["prefill"]
@@ -304,8 +333,10 @@ class SlaPlanner:
             if prefill + decode > budget:
                 first, second = ("decode", "prefill") if cfg.budget_priority == "decode" else ("prefill", "decode")
                 counts = {"prefill": prefill, "decode": decode}
-                floor = {"prefill": cfg.prefill.min_replicas if self.disaggregated else 0,
-                         "decode": cfg.decode.min_replicas}
+                floor = {
+                    "prefill": cfg.prefill.min_replicas if self.disaggregated else 0,
+                    "decode": cfg.decode.min_replicas,
+                }
                 counts[first] = min(counts[first], budget - floor[second])
                 counts[second] = min(counts[second], budget - counts[first])
                 prefill, decode = counts["prefill"], counts["decode"]

@@ -82,7 +82,7 @@ class KalmanTrendPredictor:
         if self._x is None:
             return None
         level, slope = self._x
-        trend = steps if self._phi == 1 else sum(self._phi ** k for k in range(1, steps + 1))
+        trend = steps if self._phi == 1 else sum(self._phi**k for k in range(1, steps + 1))
         return max(float(level + trend * slope), 0.0)
 
 
@@ -106,16 +106,20 @@ class SeasonalPredictor:
         if len(h) < 2 * self.period:
             return self._fallback.predict()
         n = len(h)
-        recent = np.mean(h[n - self.window:])
-        then = np.mean(h[n - self.period - self.window:n - self.period])
+        recent = np.mean(h[n - self.window :])
+        then = np.mean(h[n - self.period - self.window : n - self.period])
         ratio = recent / then if then > 0 else 1.0
         back = n - self.period + (steps - 1) % self.period
         return max(float(h[back] * ratio), 0.0)
 
 
 def make_predictor(kind: str, **kwargs) -> Predictor:
-    kinds = {"constant": ConstantPredictor, "moving_average": MovingAveragePredictor,
-             "kalman": KalmanTrendPredictor, "seasonal": SeasonalPredictor}
+    kinds = {
+        "constant": ConstantPredictor,
+        "moving_average": MovingAveragePredictor,
+        "kalman": KalmanTrendPredictor,
+        "seasonal": SeasonalPredictor,
+    }
     if kind not in kinds:
         raise ValueError(f"unknown predictor {kind!r}; one of {sorted(kinds)}")
     return kinds[kind](**kwargs)

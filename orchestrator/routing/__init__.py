@@ -14,8 +14,13 @@ from orchestrator.routing.base import Scheduler
 from orchestrator.routing.shape import ShapeRouter
 
 
-def make_scheduler(config: RoutingConfig, block_size: int, index: KVIndex,
-                   clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> Scheduler:
+def make_scheduler(
+    config: RoutingConfig,
+    block_size: int,
+    index: KVIndex,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+) -> Scheduler:
     if config.policy is RoutingPolicy.ROUND_ROBIN:
         from orchestrator.routing.round_robin import RoundRobinScheduler
 
@@ -35,8 +40,13 @@ class RoutingParts:
     shape_router: ShapeRouter | None
 
 
-def build_routing(config: RoutingConfig, block_size: int, groups: Sequence[str] = (PRIMARY_GROUP,),
-                  clock: Callable[[], float] = time.monotonic, rng: random.Random | None = None) -> RoutingParts:
+def build_routing(
+    config: RoutingConfig,
+    block_size: int,
+    groups: Sequence[str] = (PRIMARY_GROUP,),
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+) -> RoutingParts:
     index = KVIndex()
     schedulers = {group: make_scheduler(config, block_size, index, clock=clock, rng=rng) for group in groups}
     shape_router = None

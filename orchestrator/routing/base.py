@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from orchestrator.pools import ReplicaView
 from orchestrator.messages import EngineRequest
+from orchestrator.pools import ReplicaView
 
 
 class RouteKind(str, enum.Enum):

@@ -17,8 +17,9 @@ import random
 from collections.abc import Sequence
 
 
-def replica_cost(prompt_blocks: int, overlap_blocks: int, queued_prefill_blocks: int, decode_blocks: float,
-                 prefill_weight: float) -> float:
+def replica_cost(
+    prompt_blocks: int, overlap_blocks: int, queued_prefill_blocks: int, decode_blocks: float, prefill_weight: float
+) -> float:
     uncached = prompt_blocks - overlap_blocks if prompt_blocks > overlap_blocks else 0
     return prefill_weight * (uncached + queued_prefill_blocks) + decode_blocks
 

@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from orchestrator.config import RoutingConfig
 from orchestrator.kv.hashing import block_hashes
 from orchestrator.kv.index import KVIndex
-from orchestrator.pools import ReplicaView
 from orchestrator.messages import EngineRequest
+from orchestrator.pools import ReplicaView
 from orchestrator.routing.base import RouteDecision, RouteKind, RouteReason
 from orchestrator.routing.cost import pick, replica_cost
 from orchestrator.routing.load import InflightLoad
@@ -61,8 +61,14 @@ class KvAwareScheduler:
         self._account(request, hashes, decision)
         return decision
 
-    def _decide(self, request: EngineRequest, hashes: list[int], overlaps: dict[str, int],
-                decode: str | None, prefill_replicas: Sequence[ReplicaView] | None) -> RouteDecision:
+    def _decide(
+        self,
+        request: EngineRequest,
+        hashes: list[int],
+        overlaps: dict[str, int],
+        decode: str | None,
+        prefill_replicas: Sequence[ReplicaView] | None,
+    ) -> RouteDecision:
         decode_cached = self._cached_tokens(request, overlaps.get(decode, 0)) if decode else 0
         local = dict(decode_replica=decode, predicted_cached_tokens=decode_cached)
         if prefill_replicas is None:
@@ -76,7 +82,9 @@ class KvAwareScheduler:
             return RouteDecision(RouteKind.LOCAL_PREFILL, reason=RouteReason.PREFILL_SATURATED, **local)
         prefill = self._cheapest(prefill_replicas, hashes, overlaps, with_decode_load=False)
         return RouteDecision(
-            RouteKind.REMOTE_PREFILL, decode_replica=decode, prefill_replica=prefill,
+            RouteKind.REMOTE_PREFILL,
+            decode_replica=decode,
+            prefill_replica=prefill,
             reason=RouteReason.DISAGGREGATED,
             predicted_cached_tokens=self._cached_tokens(request, overlaps.get(prefill, 0)),
         )
@@ -102,18 +110,25 @@ class KvAwareScheduler:
             return max(own, view.stats.kv_cache_usage * view.info.kv_capacity_blocks)
         return own
 
-    def _cheapest(self, views: Sequence[ReplicaView], hashes: list[int], overlaps: dict[str, int],
-                  with_decode_load: bool = True) -> str | None:
+    def _cheapest(
+        self, views: Sequence[ReplicaView], hashes: list[int], overlaps: dict[str, int], with_decode_load: bool = True
+    ) -> str | None:
         """Decode load is the replica's with this request added: a replica
         already decoding this prompt's prefix adds only the rest."""
         if not views:
             return None
         weight, load = self.config.prefill_weight, self.load
         costs = [
-            (v.replica_id, replica_cost(
-                len(hashes), overlaps.get(v.replica_id, 0), load.prefill_blocks(v.replica_id),
-                self.decode_load(v) + load.added_decode_blocks(v.replica_id, hashes) if with_decode_load else 0.0,
-                weight))
+            (
+                v.replica_id,
+                replica_cost(
+                    len(hashes),
+                    overlaps.get(v.replica_id, 0),
+                    load.prefill_blocks(v.replica_id),
+                    self.decode_load(v) + load.added_decode_blocks(v.replica_id, hashes) if with_decode_load else 0.0,
+                    weight,
+                ),
+            )
             for v in views
         ]
         return pick(costs, self.config.temperature, self.rng)

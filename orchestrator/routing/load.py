@@ -37,8 +37,14 @@ class InflightLoad:
         self._active: defaultdict[str, Counter[int]] = defaultdict(Counter)  # replica -> block hash -> requests
         self._decoding: defaultdict[str, int] = defaultdict(int)  # replica -> requests (one output block each)
 
-    def routed(self, request_id: str, prefill_replica: str | None, prefill_blocks: int,
-               decode_replica: str | None, decode_hashes: Sequence[int]) -> None:
+    def routed(
+        self,
+        request_id: str,
+        prefill_replica: str | None,
+        prefill_blocks: int,
+        decode_replica: str | None,
+        decode_hashes: Sequence[int],
+    ) -> None:
         """`prefill_replica` computes `prefill_blocks` (it may be the decode
         replica itself); `decode_replica` then holds the prompt's blocks."""
         self.finished(request_id)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.pools import ReplicaView
 from orchestrator.messages import EngineRequest
+from orchestrator.pools import ReplicaView
 from orchestrator.routing.base import RouteDecision, RouteKind, RouteReason
 
 
@@ -42,8 +42,12 @@ class RoundRobinScheduler:
             return RouteDecision(RouteKind.AGGREGATED, decode_replica=decode, reason=RouteReason.AGGREGATED)
         if not prefill_replicas:
             return RouteDecision(RouteKind.LOCAL_PREFILL, decode_replica=decode, reason=RouteReason.NO_PREFILL_REPLICA)
-        return RouteDecision(RouteKind.REMOTE_PREFILL, decode_replica=decode,
-                             prefill_replica=self._prefill.pick(prefill_replicas), reason=RouteReason.DISAGGREGATED)
+        return RouteDecision(
+            RouteKind.REMOTE_PREFILL,
+            decode_replica=decode,
+            prefill_replica=self._prefill.pick(prefill_replicas),
+            reason=RouteReason.DISAGGREGATED,
+        )
 
     def on_prefill_done(self, request_id: str) -> None:
         pass

@@ -67,8 +67,9 @@ class ShapeDecision:
 
 
 class ShapeRouter:
-    def __init__(self, config: ShapeRoutingConfig, block_size: int, index: KVIndex,
-                 groups: Sequence[str] = (PRIMARY_GROUP,)) -> None:
+    def __init__(
+        self, config: ShapeRoutingConfig, block_size: int, index: KVIndex, groups: Sequence[str] = (PRIMARY_GROUP,)
+    ) -> None:
         missing = {config.prefix_group, config.unique_group} - set(groups)
         if missing:
             raise ValueError(f"shape routing names groups {sorted(missing)} not among {list(groups)}")
@@ -98,8 +99,14 @@ class ShapeRouter:
             group = next(self._turn)
         else:
             group = c.prefix_group if shape is ShapeClass.PREFIX_HEAVY else c.unique_group
-        return ShapeDecision(group=group, shape=shape, prompt_tokens=n, prompt_blocks=len(hashes),
-                             reused_blocks=reused, max_tokens=max_tokens)
+        return ShapeDecision(
+            group=group,
+            shape=shape,
+            prompt_tokens=n,
+            prompt_blocks=len(hashes),
+            reused_blocks=reused,
+            max_tokens=max_tokens,
+        )
 
     def route(self, request: EngineRequest) -> ShapeDecision:
         return self.classify(request.prompt_token_ids, request.sampling.max_tokens)

@@ -169,7 +169,7 @@ class BlockManager:
         contents another block already caches (two sequences computed the
         same prefix at once) stays private; the chain goes on regardless."""
         parent = seq.chain[-1] if seq.chain else ROOT_HASH
-        tokens = seq.token_ids[first * self.block_size:last * self.block_size]
+        tokens = seq.token_ids[first * self.block_size : last * self.block_size]
         stored: list[int] = []
         for i, h in enumerate(block_hashes(tokens, self.block_size, parent)):
             seq.chain.append(h)
@@ -185,9 +185,10 @@ class BlockManager:
             if run and (i is None or i != run[-1] + 1):
                 start_i = run[0]
                 block_parent = seq.chain[first + start_i - 1] if first + start_i > 0 else None
-                span = tokens[start_i * self.block_size:(run[-1] + 1) * self.block_size]
-                self._events.append(BlockStored(tuple(seq.chain[first + j] for j in run), block_parent,
-                                                tuple(span), self.block_size))
+                span = tokens[start_i * self.block_size : (run[-1] + 1) * self.block_size]
+                self._events.append(
+                    BlockStored(tuple(seq.chain[first + j] for j in run), block_parent, tuple(span), self.block_size)
+                )
                 run = []
             if i is not None:
                 run.append(i)

@@ -35,11 +35,11 @@ from typing import Protocol
 from orchestrator.config import PRIMARY_GROUP, RoutingConfig
 from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats
 from orchestrator.kv.events import KVEventBatch
+from orchestrator.messages import EngineRequest, SamplingSpec
 from orchestrator.planner.observation import observe_pools
 from orchestrator.planner.observer import ReplicaLoadWindow, ReplicaReport
 from orchestrator.planner.planner import Observation
 from orchestrator.pools import ReplicaView
-from orchestrator.messages import EngineRequest, SamplingSpec
 from orchestrator.routing import build_routing
 from orchestrator.routing.base import RouteDecision
 from orchestrator.sim.core import Emitted, SimCore, SimRequest, StepResult
@@ -122,8 +122,15 @@ class _Timing:
 
 
 class _Replica:
-    def __init__(self, replica_id: str, role: EngineRole, core: SimCore, block_size: int,
-                 state: ReplicaState = ReplicaState.READY, window: ReplicaLoadWindow | None = None) -> None:
+    def __init__(
+        self,
+        replica_id: str,
+        role: EngineRole,
+        core: SimCore,
+        block_size: int,
+        state: ReplicaState = ReplicaState.READY,
+        window: ReplicaLoadWindow | None = None,
+    ) -> None:
         self.replica_id = replica_id
         self.window = window
         self.role = role
@@ -132,20 +139,30 @@ class _Replica:
         self.inflight = 0  # requests routed here and not yet done with it (a draining replica waits for 0)
         self.stepping = False
         self.event_seq = 0
-        self.info = EngineInfo(role=role, engine_kind="sim", engine_version="cluster", engine_id=replica_id,
-                               model="sim", block_size=block_size, max_model_len=1 << 20, host="sim",
-                               kv_capacity_blocks=core.blocks.num_blocks)
+        self.info = EngineInfo(
+            role=role,
+            engine_kind="sim",
+            engine_version="cluster",
+            engine_id=replica_id,
+            model="sim",
+            block_size=block_size,
+            max_model_len=1 << 20,
+            host="sim",
+            kv_capacity_blocks=core.blocks.num_blocks,
+        )
 
     def view(self) -> ReplicaView:
         core = self.core
-        stats = EngineStats(num_running=core.num_running, num_waiting=core.num_waiting,
-                            kv_cache_usage=core.blocks.usage)
+        stats = EngineStats(
+            num_running=core.num_running, num_waiting=core.num_waiting, kv_cache_usage=core.blocks.usage
+        )
         return ReplicaView(self.replica_id, self.info, stats)
 
 
 class ClusterSim:
-    def __init__(self, spec: ClusterSpec, perf: PerfModel, link: LinkSpec, seed: int = 0,
-                 vocab_size: int = 32000) -> None:
+    def __init__(
+        self, spec: ClusterSpec, perf: PerfModel, link: LinkSpec, seed: int = 0, vocab_size: int = 32000
+    ) -> None:
         self.spec = spec
         self.perf = perf
         self.link = link
@@ -219,24 +236,27 @@ class ClusterSim:
             self._arrive(request_id, a, self.now)
             return
         sent_at = self.now
-        self._at(self.now + self.perf.request_overhead(server_busy=busy),
-                 lambda: self._arrive(request_id, a, sent_at))
+        self._at(self.now + self.perf.request_overhead(server_busy=busy), lambda: self._arrive(request_id, a, sent_at))
 
     def _arrive(self, request_id: str, a: Arrival, sent_at: float) -> None:
         request = EngineRequest(request_id, tuple(a.prompt_token_ids), SamplingSpec(max_tokens=a.max_tokens))
         ready = ReplicaState.READY
         prefill_views = [r.view() for r in self.prefill if r.state is ready] if self.disaggregated else None
-        route = self.scheduler.route_request(request, prefill_views, [r.view() for r in self.decode if r.state is ready])
-        self.outcomes[request_id] = RequestOutcome(request_id, sent_at, len(request.prompt_token_ids), a.max_tokens,
-                                                   route=route)
+        route = self.scheduler.route_request(
+            request, prefill_views, [r.view() for r in self.decode if r.state is ready]
+        )
+        self.outcomes[request_id] = RequestOutcome(
+            request_id, sent_at, len(request.prompt_token_ids), a.max_tokens, route=route
+        )
         self.replicas[route.decode_replica].inflight += 1
         if route.remote_prefill:
             self.replicas[route.prefill_replica].inflight += 1
             prefill_id = f"{request_id}-prefill"
             self._prefill_of[prefill_id] = (request_id, request, route)
             self._arrived_at(route.prefill_replica, prefill_id, len(request.prompt_token_ids), False)
-            self._submit(route.prefill_replica, SimRequest(prefill_id, list(request.prompt_token_ids), 1,
-                                                           hold_for_transfer=True))
+            self._submit(
+                route.prefill_replica, SimRequest(prefill_id, list(request.prompt_token_ids), 1, hold_for_transfer=True)
+            )
         else:
             self._arrived_at(route.decode_replica, request_id, len(request.prompt_token_ids), True)
             self._submit(route.decode_replica, SimRequest(request_id, list(request.prompt_token_ids), a.max_tokens))
@@ -273,14 +293,22 @@ class ClusterSim:
 
     def reports(self, name: str) -> list[ReplicaReport]:
         """The latest report of each serving replica of the pool, as Serve's controller receives them."""
-        return [r.window.report(waiting=r.core.num_waiting) for r in self.pool(name)
-                if r.state is ReplicaState.READY and r.window is not None]
+        return [
+            r.window.report(waiting=r.core.num_waiting)
+            for r in self.pool(name)
+            if r.state is ReplicaState.READY and r.window is not None
+        ]
 
     def observation(self, interval_s: float) -> Observation:
         """The interval that just ended, as the Serve policy builds it (orchestrator/planner/observation.py)."""
         prefill = self.reports("prefill") if self.disaggregated else None
-        return observe_pools(interval_s, prefill, self.reports("decode"),
-                             self.count("prefill", ReplicaState.READY), self.count("decode", ReplicaState.READY))
+        return observe_pools(
+            interval_s,
+            prefill,
+            self.reports("decode"),
+            self.count("prefill", ReplicaState.READY),
+            self.count("decode", ReplicaState.READY),
+        )
 
     def _submit(self, replica_id: str, request: SimRequest) -> None:
         replica = self.replicas[replica_id]
@@ -297,9 +325,15 @@ class ClusterSim:
         self._arrived_at(route.decode_replica, request_id, len(request.prompt_token_ids), False)
         transfer_s = self.link.transfer_time(len(request.prompt_token_ids) * self.perf.kv_bytes_per_token)
         self.outcomes[request_id].cached_tokens = cached_tokens
-        self._submit(route.decode_replica, SimRequest(request_id, list(request.prompt_token_ids),
-                                                      request.sampling.max_tokens,
-                                                      transfer_done_at=self.now + transfer_s))
+        self._submit(
+            route.decode_replica,
+            SimRequest(
+                request_id,
+                list(request.prompt_token_ids),
+                request.sampling.max_tokens,
+                transfer_done_at=self.now + transfer_s,
+            ),
+        )
 
         def release() -> None:
             prefill_replica.core.release(prefill_id)
@@ -337,8 +371,9 @@ class ClusterSim:
 
     # -- pool sizes -----------------------------------------------------------------
 
-    def every(self, interval_s: float, controller: Callable[["ClusterSim"], None], until_s: float) -> None:
+    def every(self, interval_s: float, controller: Callable[[ClusterSim], None], until_s: float) -> None:
         """Call `controller(self)` at each interval's end, up to `until_s`."""
+
         def tick() -> None:
             controller(self)
             if self.now + interval_s <= until_s:
@@ -375,10 +410,19 @@ class ClusterSim:
 
     def _add(self, name: str, state: ReplicaState) -> _Replica:
         spec = self.spec
-        role = EngineRole.PREFILL if name == "prefill" else (
-            EngineRole.DECODE if self.disaggregated else EngineRole.AGGREGATED)
-        core = SimCore(self.perf, spec.num_blocks, spec.block_size, spec.max_num_seqs, spec.max_num_batched_tokens,
-                       vocab_size=self.vocab_size)
+        role = (
+            EngineRole.PREFILL
+            if name == "prefill"
+            else (EngineRole.DECODE if self.disaggregated else EngineRole.AGGREGATED)
+        )
+        core = SimCore(
+            self.perf,
+            spec.num_blocks,
+            spec.block_size,
+            spec.max_num_seqs,
+            spec.max_num_batched_tokens,
+            vocab_size=self.vocab_size,
+        )
         window = None
         if spec.report_span_s is not None:
             window = ReplicaLoadWindow(spec.report_span_s, clock=lambda: self.now, peak_window_s=spec.peak_window_s)

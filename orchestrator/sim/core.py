@@ -11,11 +11,12 @@ as vLLM's v1 scheduler does it, timed by a performance model.
       the step lasts perf_model.step_time(batch).
 
 Output tokens are a deterministic function of the context (its last
-CONTEXT_WINDOW tokens and its length), like greedy decoding of a real model: equal prompts
-give equal outputs on every replica, and a request continued elsewhere with
-its prompt plus the tokens it had goes on with the same tokens. Disaggregation: a prefill-role request keeps its blocks after its
-first token until the decode side has read them (`release`); a request that
-arrives with a transfer waits for the transfer, then has its prompt's KV.
+CONTEXT_WINDOW tokens and its length), like greedy decoding of a real model:
+equal prompts give equal outputs on every replica, and a request continued
+elsewhere with its prompt plus the tokens it had goes on with the same tokens.
+Disaggregation: a prefill-role request keeps its blocks after its first token
+until the decode side has read them (`release`); a request that arrives with a
+transfer waits for the transfer, then has its prompt's KV.
 
 Time is the caller's: `step()` says how long the step takes, the driver
 waits (real time under Ray Serve, virtual time in the cluster simulator).
@@ -59,7 +60,6 @@ class SimRequest:
     preemptions: int = 0
 
 
-
 class Emitted(NamedTuple):
     request_id: str
     token_id: int
@@ -91,20 +91,27 @@ def greedy_output(prompt: Sequence[int], n: int, vocab_size: int = VOCAB) -> lis
     context = list(prompt)
     for _ in range(n):
         context.append(next_token(context[-CONTEXT_WINDOW:], len(context), vocab_size))
-    return context[len(prompt):]
+    return context[len(prompt) :]
 
 
-def _tail(req: "SimRequest") -> list[int]:
+def _tail(req: SimRequest) -> list[int]:
     g = req.generated
     if len(g) >= CONTEXT_WINDOW:
         return g[-CONTEXT_WINDOW:]
-    return req.prompt[-(CONTEXT_WINDOW - len(g)):] + g
+    return req.prompt[-(CONTEXT_WINDOW - len(g)) :] + g
 
 
 class SimCore:
-    def __init__(self, perf: PerfModel, num_blocks: int, block_size: int, max_num_seqs: int = 256,
-                 max_batched_tokens: int = 8192, enable_prefix_caching: bool = True,
-                 vocab_size: int = VOCAB) -> None:
+    def __init__(
+        self,
+        perf: PerfModel,
+        num_blocks: int,
+        block_size: int,
+        max_num_seqs: int = 256,
+        max_batched_tokens: int = 8192,
+        enable_prefix_caching: bool = True,
+        vocab_size: int = VOCAB,
+    ) -> None:
         self.perf = perf
         self.vocab_size = vocab_size
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching)
@@ -232,8 +239,9 @@ class SimCore:
             generated.append(token)
             self.generation_tokens += 1
             done = len(generated) >= req.max_tokens
-            emitted.append(Emitted(req.request_id, token, first, done or req.hold_for_transfer,
-                                   req.cached_tokens if first else 0))
+            emitted.append(
+                Emitted(req.request_id, token, first, done or req.hold_for_transfer, req.cached_tokens if first else 0)
+            )
             if req.hold_for_transfer:
                 self.running.remove(req)
                 req.state = State.HELD

@@ -203,7 +203,7 @@ class ProfileModel:
         return self.request_overhead_s
 
     @classmethod
-    def load(cls, path: str | Path) -> "ProfileModel":
+    def load(cls, path: str | Path) -> ProfileModel:
         doc = json.loads(Path(path).read_text())
         prefill = sorted((p["tokens"], p["seconds"]) for p in doc["prefill"])
         decode: dict[int, list[tuple[int, float]]] = {}
@@ -212,14 +212,20 @@ class ProfileModel:
         decode = {b: sorted(v) for b, v in decode.items()}
         fit = len(decode) >= 3 and sum(map(len, decode.values())) >= 6
         server = doc.get("server", {})
-        model = cls(prefill, decode, doc.get("kv_bytes_per_token", 0), doc.get("meta", {}), decode_fit=fit,
-                    request_overhead_s=server.get("request_overhead_s", 0.0),
-                    request_overhead_busy_s=server.get("request_overhead_busy_s"))
+        model = cls(
+            prefill,
+            decode,
+            doc.get("kv_bytes_per_token", 0),
+            doc.get("meta", {}),
+            decode_fit=fit,
+            request_overhead_s=server.get("request_overhead_s", 0.0),
+            request_overhead_busy_s=server.get("request_overhead_busy_s"),
+        )
         model.step_fixed_s, model.prefill_shared_s = model.shared_costs(doc.get("prefill_batch", []))
         model.mixed_extra_s = model.mixed_cost(doc.get("mixed", []))
         return model
 
-    def scaled(self, factor: float) -> "ProfileModel":
+    def scaled(self, factor: float) -> ProfileModel:
         """The same engine `factor` times slower: every measured time, the server's cost among them."""
         return replace(
             self,
@@ -227,8 +233,9 @@ class ProfileModel:
             decode_points={b: [(c, s * factor) for c, s in points] for b, points in self.decode_points.items()},
             step_fixed_s=self.step_fixed_s * factor,
             request_overhead_s=self.request_overhead_s * factor,
-            request_overhead_busy_s=(None if self.request_overhead_busy_s is None
-                                     else self.request_overhead_busy_s * factor),
+            request_overhead_busy_s=(
+                None if self.request_overhead_busy_s is None else self.request_overhead_busy_s * factor
+            ),
             prefill_shared_s=None if self.prefill_shared_s is None else self.prefill_shared_s * factor,
             mixed_extra_s=self.mixed_extra_s * factor,
         )
@@ -243,8 +250,11 @@ class ProfileModel:
             intercept = self.decode_time(1, 0) if self._coef is None else self._coef[0] + self._coef[1]
             cheapest = min(s for _, s in self.decode_points[min(self.decode_points)])  # the smallest batch's steps
             fixed = min(max(intercept, 0.0), cheapest, first_prefill)
-        estimates = [(p["batch"] * self.prefill_time(p["tokens"]) - p["seconds"]) / (p["batch"] - 1)
-                     for p in prefill_batch if p["batch"] > 1]
+        estimates = [
+            (p["batch"] * self.prefill_time(p["tokens"]) - p["seconds"]) / (p["batch"] - 1)
+            for p in prefill_batch
+            if p["batch"] > 1
+        ]
         if not estimates:
             return fixed, fixed
         shared = sorted(estimates)[len(estimates) // 2]
@@ -304,8 +314,9 @@ def _fit_decode(points: dict[int, list[tuple[int, float]]]) -> tuple[float, floa
     """Least squares: step = a + b * batch + c * batch * context (b, c clipped at 0)."""
     import numpy as np
 
-    rows = np.array([(batch, context, seconds) for batch, pts in points.items() for context, seconds in pts],
-                    dtype=float)
+    rows = np.array(
+        [(batch, context, seconds) for batch, pts in points.items() for context, seconds in pts], dtype=float
+    )
     if len(rows) < 3:
         return None
     design = np.column_stack([np.ones(len(rows)), rows[:, 0], rows[:, 0] * rows[:, 1]])

@@ -146,13 +146,14 @@ class ReplicaStreams:
         loop = asyncio.get_running_loop()
         try:
             _, conn = await asyncio.wait_for(loop.create_connection(_Connection, *address), self.connect_timeout_s)
-        except (OSError, asyncio.TimeoutError) as e:
+        except (TimeoutError, OSError) as e:
             raise EngineError(f"cannot reach replica at {address[0]}:{address[1]}: {e!r}") from e
         self._connections[address] = conn
         return conn
 
-    async def _open_stream(self, address: tuple[str, int], op: Op,
-                           request: EngineRequest) -> tuple[_Connection, int, _Stream]:
+    async def _open_stream(
+        self, address: tuple[str, int], op: Op, request: EngineRequest
+    ) -> tuple[_Connection, int, _Stream]:
         conn = await self._connection(address)
         stream_id, stream = next(self._ids), _Stream()
         conn.streams[stream_id] = stream

@@ -82,7 +82,7 @@ class FrameReader:
             end = start + HEADER.size + size
             if len(buf) < end:
                 break
-            op, stream_id, payload = self._decode(memoryview(buf)[start + HEADER.size:end])
+            op, stream_id, payload = self._decode(memoryview(buf)[start + HEADER.size : end])
             start = end
             self._on_frame(op, stream_id, payload)
         del buf[:start]

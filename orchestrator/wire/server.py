@@ -31,7 +31,7 @@ class StreamHandler(Protocol):
 
 
 class _Connection(asyncio.Protocol):
-    def __init__(self, server: "StreamServer") -> None:
+    def __init__(self, server: StreamServer) -> None:
         self._server = server
         self._reader = FrameReader(self._on_frame)
         self._tasks: dict[int, asyncio.Task] = {}

@@ -80,6 +80,7 @@ class ServeApps:
     def settled_engine_stats(self, app: str, pool: str, quiet_s: float = 2.5) -> dict[str, float]:
         """Engine counters once the pool's periodic reports stop changing:
         replicas report every second, so a read right after traffic can lag."""
+
         def settled():
             first = self.engine_stats(app, pool)
             time.sleep(quiet_s)
@@ -141,8 +142,10 @@ class ServeApps:
             if not pending:
                 return
             if failed or time.monotonic() > deadline:
-                raise AssertionError(f"applications not running after up to {timeout_s}s:\n"
-                                     + "\n".join(_unhealthy(n, status[n]) for n in pending))
+                raise AssertionError(
+                    f"applications not running after up to {timeout_s}s:\n"
+                    + "\n".join(_unhealthy(n, status[n]) for n in pending)
+                )
             time.sleep(2)
 
     def wait_ready(self, app: str) -> None:
@@ -200,25 +203,55 @@ def apps(serve_instance, tiny_model) -> ServeApps:
     small_kv = {"decode_pool__engine__cpu__kv_cache_gib": 0.25}
     apps = {
         # No route memory: what the index knows comes from the engines' events only.
-        "disagg": app_config("disagg-cpu.yaml", tiny_model, frontend__prefill_timeout_s=10, decode_pool__replicas=2,
-                             routing__event_lag_ttl_s=0, prefill_pool__engine__cpu__kv_cache_gib=0.25,
-                             network__kv_handshake_timeout_s=3, network__kv_lease_s=10, **small_kv),
+        "disagg": app_config(
+            "disagg-cpu.yaml",
+            tiny_model,
+            frontend__prefill_timeout_s=10,
+            decode_pool__replicas=2,
+            routing__event_lag_ttl_s=0,
+            prefill_pool__engine__cpu__kv_cache_gib=0.25,
+            network__kv_handshake_timeout_s=3,
+            network__kv_lease_s=10,
+            **small_kv,
+        ),
         "agg": app_config("agg-cpu.yaml", tiny_model, **small_kv),
         "approx": app_config("agg-cpu.yaml", tiny_model, decode_pool__replicas=2, routing__kv_events=False, **small_kv),
         # Block size as the CPU apps', so that the KV-routing checks read alike.
         # Two frontends, each with its own index from the same event streams.
-        "sim": app_config("disagg-sim.yaml", tiny_model, prefill_pool__replicas=2, decode_pool__replicas=2,
-                          frontend__replicas=2, kv_cache__block_size=32, routing__event_lag_ttl_s=0),
+        "sim": app_config(
+            "disagg-sim.yaml",
+            tiny_model,
+            prefill_pool__replicas=2,
+            decode_pool__replicas=2,
+            frontend__replicas=2,
+            kv_cache__block_size=32,
+            routing__event_lag_ttl_s=0,
+        ),
         # A decode pool with little KV (9600 tokens a replica), so that long
         # outputs need a second decode replica at a load this machine can send.
-        "planner": app_config("disagg-sim.yaml", tiny_model, prefill_pool__replicas=1, decode_pool__replicas=1,
-                              decode_pool__engine__num_gpu_blocks=600, sla__ttft_p99_ms=500, sla__itl_p50_ms=30,
-                              planner__mode="act", planner__interval_s=3, planner__scale_down_intervals=2,
-                              planner__prefill={"min_replicas": 1, "max_replicas": 2},
-                              planner__decode={"min_replicas": 1, "max_replicas": 2}),
+        "planner": app_config(
+            "disagg-sim.yaml",
+            tiny_model,
+            prefill_pool__replicas=1,
+            decode_pool__replicas=1,
+            decode_pool__engine__num_gpu_blocks=600,
+            sla__ttft_p99_ms=500,
+            sla__itl_p50_ms=30,
+            planner__mode="act",
+            planner__interval_s=3,
+            planner__scale_down_intervals=2,
+            planner__prefill={"min_replicas": 1, "max_replicas": 2},
+            planner__decode={"min_replicas": 1, "max_replicas": 2},
+        ),
         # Overload: simulated engines behind a frontend that admits 16 requests at a time.
-        "overload": app_config("disagg-sim.yaml", tiny_model, prefill_pool__replicas=1, decode_pool__replicas=1,
-                               kv_cache__block_size=32, frontend__max_in_flight=16),
+        "overload": app_config(
+            "disagg-sim.yaml",
+            tiny_model,
+            prefill_pool__replicas=1,
+            decode_pool__replicas=1,
+            kv_cache__block_size=32,
+            frontend__max_in_flight=16,
+        ),
         # Mixed engines: the primary group one aggregated vllm-cpu replica, the
         # `sim` group simulated P/D taking prefix-heavy requests (routing.shape).
         "mixed": app_config("mixed-cpu.yaml", tiny_model, prefill_pool=None, **small_kv),

@@ -18,9 +18,37 @@ def test_a_short_sweep_writes_a_consistent_result(apps, tiny_model, tmp_path):
     generated_before = apps.metric("agg", "orchestrator_generation_tokens_total")
     prompt_before = apps.metric("agg", "orchestrator_prompt_tokens_total")
     out = tmp_path / "sweep.json"
-    assert main(["bench", "--url", apps.url("agg", ""), "--tokenizer", str(tiny_model), "--isl", "96", "--osl", "8",
-                 "--concurrency", "1,2", "--requests-per-point", "6", "--max-concurrency", "2", "--warmup", "2",
-                 "--slo", "ttft_p99_ms=5000", "itl_p50_ms=1000", "--label", "agg", "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "--url",
+                apps.url("agg", ""),
+                "--tokenizer",
+                str(tiny_model),
+                "--isl",
+                "96",
+                "--osl",
+                "8",
+                "--concurrency",
+                "1,2",
+                "--requests-per-point",
+                "6",
+                "--max-concurrency",
+                "2",
+                "--warmup",
+                "2",
+                "--slo",
+                "ttft_p99_ms=5000",
+                "itl_p50_ms=1000",
+                "--label",
+                "agg",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
 
     doc = json.loads(out.read_text())
     jsonschema.validate(doc, RESULT_SCHEMA)

@@ -14,8 +14,10 @@ from orchestrator.api import sse
 pytestmark = pytest.mark.integration
 
 MODEL = "tiny-llama"
-WORDS = ("model token cache block prefill decode engine request replica pool route serve kernel memory "
-         "latency batch prompt answer question light stone green house market garden winter summer").split()
+WORDS = (
+    "model token cache block prefill decode engine request replica pool route serve kernel memory "
+    "latency batch prompt answer question light stone green house market garden winter summer"
+).split()
 
 
 def text_prompt(n_words: int, seed: int) -> str:
@@ -54,8 +56,10 @@ def chat_text(apps, app: str, body: dict) -> str:
 
 def route_counts(apps, app: str) -> dict[str, float]:
     """The app's routing decisions so far, by route kind."""
-    return {kind: apps.metric(app, "orchestrator_route_decisions_total", {"kind": kind})
-            for kind in ("remote_prefill", "local_prefill", "aggregated")}
+    return {
+        kind: apps.metric(app, "orchestrator_route_decisions_total", {"kind": kind})
+        for kind in ("remote_prefill", "local_prefill", "aggregated")
+    }
 
 
 def routed(apps, app: str, send):
@@ -80,8 +84,14 @@ ROUTE_BY_WORDS = {12: "local_prefill", 150: "local_prefill", 700: "remote_prefil
 @pytest.mark.parametrize("n_words", sorted(ROUTE_BY_WORDS))
 def test_greedy_completion_disaggregated_equals_aggregated(apps, n_words, stream):
     # A prompt of its own per case: a repeat would find its KV cached on a decode replica and stay local.
-    body = {"model": MODEL, "prompt": text_prompt(n_words, seed=n_words + 1000 * stream), "max_tokens": 24,
-            "temperature": 0, "ignore_eos": True, "stream": stream}
+    body = {
+        "model": MODEL,
+        "prompt": text_prompt(n_words, seed=n_words + 1000 * stream),
+        "max_tokens": 24,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": stream,
+    }
     disagg, route = routed(apps, "disagg", lambda: completion_text(apps, "disagg", body))
     assert route == ROUTE_BY_WORDS[n_words]
     agg = completion_text(apps, "agg", body)
@@ -91,9 +101,17 @@ def test_greedy_completion_disaggregated_equals_aggregated(apps, n_words, stream
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 @pytest.mark.parametrize("user_words", [120, 700], ids=["local", "remote"])
 def test_greedy_chat_disaggregated_equals_aggregated(apps, stream, user_words):
-    body = {"model": MODEL, "max_tokens": 24, "temperature": 0, "ignore_eos": True, "stream": stream,
-            "messages": [{"role": "system", "content": text_prompt(40, seed=1)},
-                         {"role": "user", "content": text_prompt(user_words, seed=2 + 1000 * stream)}]}
+    body = {
+        "model": MODEL,
+        "max_tokens": 24,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": stream,
+        "messages": [
+            {"role": "system", "content": text_prompt(40, seed=1)},
+            {"role": "user", "content": text_prompt(user_words, seed=2 + 1000 * stream)},
+        ],
+    }
     disagg, route = routed(apps, "disagg", lambda: chat_text(apps, "disagg", body))
     assert route == ("remote_prefill" if user_words == 700 else "local_prefill")
     assert disagg and disagg == chat_text(apps, "agg", body)
@@ -165,7 +183,9 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(apps, path,
 
 
 def test_invalid_json_is_a_400(apps):
-    r = apps.http.post(apps.url("disagg", "/v1/completions"), content=b"{nope", headers={"content-type": "application/json"})
+    r = apps.http.post(
+        apps.url("disagg", "/v1/completions"), content=b"{nope", headers={"content-type": "application/json"}
+    )
     assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
 
 
@@ -193,7 +213,11 @@ def test_models_health_and_metrics(apps):
     assert health["mode"] == "disaggregated" and health["replicas"] == {"decode_pool": 2, "prefill_pool": 1}
     assert apps.http.get(apps.url("agg", "/health")).json()["mode"] == "aggregated"
     metrics = apps.http.get(apps.url("disagg", "/metrics")).text
-    for name in ("orchestrator_time_to_first_token_seconds_bucket", "orchestrator_inter_token_latency_seconds_bucket",
-                 "orchestrator_e2e_request_latency_seconds_bucket", "orchestrator_kv_transfer_bytes_total",
-                 "orchestrator_requests_total"):
+    for name in (
+        "orchestrator_time_to_first_token_seconds_bucket",
+        "orchestrator_inter_token_latency_seconds_bucket",
+        "orchestrator_e2e_request_latency_seconds_bucket",
+        "orchestrator_kv_transfer_bytes_total",
+        "orchestrator_requests_total",
+    ):
         assert name in metrics

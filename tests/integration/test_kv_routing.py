@@ -21,8 +21,10 @@ def complete(apps, app, prompt):
 
 
 def cached_metrics(apps, app):
-    return (apps.metric(app, "orchestrator_predicted_cached_prompt_tokens_total"),
-            apps.metric(app, "orchestrator_engine_cached_prompt_tokens_total"))
+    return (
+        apps.metric(app, "orchestrator_predicted_cached_prompt_tokens_total"),
+        apps.metric(app, "orchestrator_engine_cached_prompt_tokens_total"),
+    )
 
 
 def _second_requests_hit_the_cache(apps, app, seed, wait_for_index):
@@ -33,13 +35,21 @@ def _second_requests_hit_the_cache(apps, app, seed, wait_for_index):
         complete(apps, app, prefix + token_prompt(16, seed=seed + 100 + i))
         if wait_for_index:  # the engines' events must reach the index; nothing else feeds it here
             wanted = blocks_before + PREFIX_TOKENS // 32
-            apps.wait_until(lambda wanted=wanted: apps.http.get(apps.url(app, "/pools")).json()["kv_index"]["blocks"]
-                            >= wanted, 20, "the prefix's KV events")
+            apps.wait_until(
+                lambda wanted=wanted: apps.http.get(apps.url(app, "/pools")).json()["kv_index"]["blocks"] >= wanted,
+                20,
+                "the prefix's KV events",
+            )
         predicted_before, engine_before = cached_metrics(apps, app)
         usage = complete(apps, app, prefix + token_prompt(16, seed=seed + 200 + i))
         predicted_after, engine_after = cached_metrics(apps, app)
-        hits.append((usage["prompt_tokens_details"]["cached_tokens"], predicted_after - predicted_before,
-                     engine_after - engine_before))
+        hits.append(
+            (
+                usage["prompt_tokens_details"]["cached_tokens"],
+                predicted_after - predicted_before,
+                engine_after - engine_before,
+            )
+        )
     return hits
 
 
@@ -60,11 +70,16 @@ def test_approximate_mode_keeps_a_prefix_on_one_replica_without_events(apps):
 
 def test_a_short_unique_prompt_is_prefilled_on_the_decode_replica(apps):
     prefill_before = apps.settled_engine_stats("disagg", "prefill_pool")
-    local_before = apps.metric("disagg", "orchestrator_route_decisions_total",
-                               {"kind": "local_prefill", "reason": "short_uncached"})
+    local_before = apps.metric(
+        "disagg", "orchestrator_route_decisions_total", {"kind": "local_prefill", "reason": "short_uncached"}
+    )
     complete(apps, "disagg", token_prompt(100, seed=7070))
-    assert apps.metric("disagg", "orchestrator_route_decisions_total",
-                       {"kind": "local_prefill", "reason": "short_uncached"}) == local_before + 1
+    assert (
+        apps.metric(
+            "disagg", "orchestrator_route_decisions_total", {"kind": "local_prefill", "reason": "short_uncached"}
+        )
+        == local_before + 1
+    )
     prefill_after = apps.settled_engine_stats("disagg", "prefill_pool")
     assert prefill_after["prompt_tokens_computed_total"] == prefill_before["prompt_tokens_computed_total"]
 
@@ -73,5 +88,8 @@ def test_every_live_replica_publishes_and_is_followed(apps):
     report = apps.http.get(apps.url("disagg", "/pools")).json()
     replicas = [r["replica_id"] for pool in report["pools"].values() for r in pool]
     assert sorted(report["kv_index"]["following"]) == sorted(replicas)
-    assert all(r["info"]["kv_events_endpoint"].startswith("tcp://127.0.0.1:")
-               for pool in report["pools"].values() for r in pool)
+    assert all(
+        r["info"]["kv_events_endpoint"].startswith("tcp://127.0.0.1:")
+        for pool in report["pools"].values()
+        for r in pool
+    )

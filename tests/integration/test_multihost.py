@@ -29,11 +29,15 @@ HTTP_PORT = 8000
 
 def _serve_config(model_dir: Path, path: Path) -> Path:
     config = app_config(
-        "disagg-cpu.yaml", model_dir,
+        "disagg-cpu.yaml",
+        model_dir,
         network__advertise_host=None,  # each replica: its own node's address
         network__transport_env={"UCX_TLS": "tcp"},
-        prefill_pool__resources={"prefill_host": 1}, decode_pool__resources={"decode_host": 1},
-        prefill_pool__engine__cpu__kv_cache_gib=0.25, decode_pool__engine__cpu__kv_cache_gib=0.25)
+        prefill_pool__resources={"prefill_host": 1},
+        decode_pool__resources={"decode_host": 1},
+        prefill_pool__engine__cpu__kv_cache_gib=0.25,
+        decode_pool__engine__cpu__kv_cache_gib=0.25,
+    )
     doc = load_serve_config(ROOT / "configs" / "disagg-cpu.yaml")
     doc["http_options"] = {"host": "0.0.0.0", "port": HTTP_PORT}
     doc["applications"][0] |= {"name": APP, "route_prefix": f"/{APP}", "args": config.model_dump(mode="json")}
@@ -65,8 +69,13 @@ def test_kv_blocks_cross_hosts_and_greedy_output_matches_aggregated(two_hosts, a
     cluster, served = two_hosts
     prefill_host = cluster.host("prefill-host")
     # Unique and longer than the config's local-prefill limit: prefilled on the other host.
-    body = {"model": MODEL, "prompt": token_prompt(1200, seed=8080), "max_tokens": 16, "temperature": 0,
-            "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "prompt": token_prompt(1200, seed=8080),
+        "max_tokens": 16,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     before = served.settled_engine_stats(APP, "decode_pool")
     link_before = cluster.link_bytes(prefill_host)
 

@@ -25,12 +25,19 @@ async def _offer(url: str, model: str) -> dict:
     in_flight = {"now": 0, "max": 0}
 
     async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=1024)) as client:
+
         async def one(i: int) -> None:
             start = time.perf_counter()
             in_flight["now"] += 1
             in_flight["max"] = max(in_flight["max"], in_flight["now"])
-            body = {"model": model, "prompt": [10 + (i * 7 + k) % 400 for k in range(64)], "max_tokens": 200,
-                    "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            body = {
+                "model": model,
+                "prompt": [10 + (i * 7 + k) % 400 for k in range(64)],
+                "max_tokens": 200,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             try:
                 async with client.stream("POST", url, json=body) as r:
                     text = (await r.aread()).decode()
@@ -63,7 +70,9 @@ def test_overload_is_rejected_fast_and_nothing_queues_before_admission(apps):
     rejected_before = apps.metric("overload", "orchestrator_requests_total", {"outcome": "rejected"})
     run = asyncio.run(_offer(apps.url("overload", "/v1/completions"), model))
     outcomes = run["outcomes"]
-    assert set(outcomes) <= {"answered", "rejected"}, outcomes  # nothing lost, every 429 an OpenAI error with Retry-After
+    assert set(outcomes) <= {"answered", "rejected"}, (
+        outcomes
+    )  # nothing lost, every 429 an OpenAI error with Retry-After
     assert outcomes.get("answered", 0) >= LIMIT and outcomes.get("rejected", 0) >= run["sent"] // 3, outcomes
     assert run["in_flight_max"] <= 2 * LIMIT, run["in_flight_max"]
     assert np.percentile(run["rejected_s"], 99) < 0.25, sorted(run["rejected_s"])[-5:]

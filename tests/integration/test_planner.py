@@ -105,8 +105,20 @@ class Timeline:
         return self.rows
 
 
-def scale_cycle(apps, app, model, isl, osl, rate, grown: tuple[int, int], seed: int, seconds: float = 30,
-                start_s: float = 60, hold_s: float | None = None, shrink_s: float = 120) -> dict:
+def scale_cycle(
+    apps,
+    app,
+    model,
+    isl,
+    osl,
+    rate,
+    grown: tuple[int, int],
+    seed: int,
+    seconds: float = 30,
+    start_s: float = 60,
+    hold_s: float | None = None,
+    shrink_s: float = 120,
+) -> dict:
     """From 1 + 1 replicas, a load step must grow the pools to `grown` (the
     other pool never above 1) within `start_s` (a new replica's start-up
     included), and they must shrink back to 1 + 1 within `shrink_s` of the
@@ -131,8 +143,13 @@ def scale_cycle(apps, app, model, isl, osl, rate, grown: tuple[int, int], seed: 
     load_end = timeline.elapsed()
     timeline.wait_for(apps, (1, 1), shrink_s, "the pools to shrink back")
     rows = timeline.stop()
-    summary = {"grown_at_s": grown_at, "load_end_s": load_end, "shrunk_at_s": rows[-1][0], "timeline": rows,
-               "requests": len(results)}
+    summary = {
+        "grown_at_s": grown_at,
+        "load_end_s": load_end,
+        "shrunk_at_s": rows[-1][0],
+        "timeline": rows,
+        "requests": len(results),
+    }
     assert results and all(r == (200, osl) for r in results), ([r for r in results if r != (200, osl)], summary)
     other = 2 if grown[0] > 1 else 1  # the column of the pool that is not the bottleneck
     assert max(row[other] for row in rows) == 1, f"the other pool grew too: {summary}"

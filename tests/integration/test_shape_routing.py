@@ -21,8 +21,7 @@ DECISIONS = "orchestrator_shape_route_decisions_total"
 
 
 def complete(apps, prompt):
-    body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0,
-            "ignore_eos": True}
+    body = {"model": "tiny-llama", "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True}
     r = apps.post(APP, "/v1/completions", body)
     assert r.status_code == 200, r.text
     assert r.json()["usage"]["completion_tokens"] == MAX_TOKENS
@@ -30,14 +29,19 @@ def complete(apps, prompt):
 
 
 def decisions(apps) -> dict[tuple[str, str], float]:
-    return {(g, s): apps.metric(APP, DECISIONS, {"group": g, "shape": s})
-            for g in ("primary", "sim") for s in ("prefix_heavy", "unique", "short_prompt", "long_output")}
+    return {
+        (g, s): apps.metric(APP, DECISIONS, {"group": g, "shape": s})
+        for g in ("primary", "sim")
+        for s in ("prefix_heavy", "unique", "short_prompt", "long_output")
+    }
 
 
 def test_the_mixed_app_reports_every_group(apps):
     report = apps.http.get(apps.url(APP, "/pools")).json()
-    assert report["groups"] == {"primary": {"mode": "aggregated", "pools": ["decode_pool"]},
-                                "sim": {"mode": "disaggregated", "pools": ["sim_decode_pool", "sim_prefill_pool"]}}
+    assert report["groups"] == {
+        "primary": {"mode": "aggregated", "pools": ["decode_pool"]},
+        "sim": {"mode": "disaggregated", "pools": ["sim_decode_pool", "sim_prefill_pool"]},
+    }
     assert report["shape_routing"]["prefix_group"] == "sim"
     kinds = {pool: {r["info"]["engine_kind"] for r in replicas} for pool, replicas in report["pools"].items()}
     assert kinds == {"decode_pool": {"vllm"}, "sim_decode_pool": {"sim"}, "sim_prefill_pool": {"sim"}}
@@ -72,6 +76,8 @@ def test_prefix_heavy_requests_go_to_the_sim_group_and_unique_ones_stay_on_vllm(
     assert sim_after["sim_decode_pool"][gen] - sim_before["sim_decode_pool"][gen] == 3 * MAX_TOKENS
     # Within the sim group, its own scheduler kept the prefix where it was
     # cached: the second and third requests found its 512 tokens in a cache.
-    cached = sum(sim_after[p]["prompt_tokens_local_cache_total"] - sim_before[p]["prompt_tokens_local_cache_total"]
-                 for p in sim_before)
+    cached = sum(
+        sim_after[p]["prompt_tokens_local_cache_total"] - sim_before[p]["prompt_tokens_local_cache_total"]
+        for p in sim_before
+    )
     assert cached >= 2 * 512

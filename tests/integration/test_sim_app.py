@@ -28,8 +28,11 @@ def test_the_simulated_app_answers_completions_and_chat_whole_and_streamed(apps)
     # Output is a function of the context, like greedy decoding: the same prompt streams the same text.
     body = {"model": SIM_MODEL, "prompt": prompt, "max_tokens": 12, "temperature": 0, "stream": True}
     assert completion_text(apps, "sim", body) == whole["choices"][0]["text"]
-    chat = apps.post("sim", "/v1/chat/completions",
-                     {"model": SIM_MODEL, "messages": [{"role": "user", "content": "route the prompt"}], "max_tokens": 5})
+    chat = apps.post(
+        "sim",
+        "/v1/chat/completions",
+        {"model": SIM_MODEL, "messages": [{"role": "user", "content": "route the prompt"}], "max_tokens": 5},
+    )
     assert chat.status_code == 200, chat.text
     assert chat.json()["usage"]["completion_tokens"] == 5
 
@@ -64,8 +67,14 @@ def test_shared_prefixes_land_where_the_simulated_engines_events_say_they_are(ap
         complete(apps, prefix + token_prompt(16, seed=9400 + i))
         # Only the engines' events feed the indexes here (no route memory): both
         # frontends must learn the prefix, whichever one routed it.
-        apps.wait_until(lambda before=before: all(r["kv_index"]["blocks"] >= before.get(f, 0) + PREFIX_TOKENS // 32
-                                    for f, r in frontend_reports(apps).items()), 20, "the prefix's KV events")
+        apps.wait_until(
+            lambda before=before: all(
+                r["kv_index"]["blocks"] >= before.get(f, 0) + PREFIX_TOKENS // 32
+                for f, r in frontend_reports(apps).items()
+            ),
+            20,
+            "the prefix's KV events",
+        )
         usage = complete(apps, prefix + token_prompt(16, seed=9500 + i))["usage"]
         hits.append(usage["prompt_tokens_details"]["cached_tokens"])
     # With 2 decode replicas, chance alone would miss about half of these.

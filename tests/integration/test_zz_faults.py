@@ -30,8 +30,9 @@ def _replicas(apps, pool):
 
 
 def _wait_for_replicas(apps, pool, n, timeout_s=240):
-    return apps.wait_until(lambda: len(_replicas(apps, pool)) >= n and _replicas(apps, pool), timeout_s,
-                           f"{n} live {pool} replicas")
+    return apps.wait_until(
+        lambda: len(_replicas(apps, pool)) >= n and _replicas(apps, pool), timeout_s, f"{n} live {pool} replicas"
+    )
 
 
 def _kill_replica_actor(pool, replica_id):
@@ -81,17 +82,21 @@ class StreamInBackground:
 
 def _serving_decode_replica(apps, timeout_s=10):
     def busy():
-        return next((rid for rid, r in _replicas(apps, "decode_pool").items() if r["stats"] and r["stats"]["num_running"]),
-                    None)
+        return next(
+            (rid for rid, r in _replicas(apps, "decode_pool").items() if r["stats"] and r["stats"]["num_running"]), None
+        )
 
     return apps.wait_until(busy, timeout_s, "the decode replica serving the stream")
 
 
 def test_a_failed_kv_transfer_is_computed_by_the_decode_engine(apps):
     prompt = tuple(token_prompt(700, seed=8080))
-    request = EngineRequest(f"kvfail-{uuid.uuid4().hex}", prompt, SamplingSpec(max_tokens=16, temperature=0, ignore_eos=True))
-    expected = completion_text(apps, "agg", {"model": MODEL, "prompt": list(prompt), "max_tokens": 16, "temperature": 0,
-                                             "ignore_eos": True})
+    request = EngineRequest(
+        f"kvfail-{uuid.uuid4().hex}", prompt, SamplingSpec(max_tokens=16, temperature=0, ignore_eos=True)
+    )
+    expected = completion_text(
+        apps, "agg", {"model": MODEL, "prompt": list(prompt), "max_tokens": 16, "temperature": 0, "ignore_eos": True}
+    )
     decode_before = apps.settled_engine_stats("disagg", "decode_pool")
 
     async def go():
@@ -133,7 +138,13 @@ def test_a_prefill_whose_decode_never_comes_frees_its_blocks_when_the_lease_laps
 
 def test_a_decode_replica_killed_mid_stream_hands_the_stream_on(apps):
     _wait_for_replicas(apps, "decode_pool", 2)
-    body = {"model": MODEL, "prompt": text_prompt(40, seed=31), "max_tokens": 1200, "temperature": 0, "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "prompt": text_prompt(40, seed=31),
+        "max_tokens": 1200,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     expected = completion_text(apps, "agg", body)
     migrations_before = apps.metric("disagg", "orchestrator_decode_migrations_total")
     stream = StreamInBackground(apps, body)
@@ -146,7 +157,13 @@ def test_a_decode_replica_killed_mid_stream_hands_the_stream_on(apps):
 
 def test_a_crashed_engine_migrates_its_stream_and_its_replica_is_replaced(apps):
     replicas = _wait_for_replicas(apps, "decode_pool", 2)
-    body = {"model": MODEL, "prompt": text_prompt(40, seed=32), "max_tokens": 1200, "temperature": 0, "ignore_eos": True}
+    body = {
+        "model": MODEL,
+        "prompt": text_prompt(40, seed=32),
+        "max_tokens": 1200,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     expected = completion_text(apps, "agg", body)
     stream = StreamInBackground(apps, body)
     stream.wait_for_chunks(40)
@@ -158,20 +175,32 @@ def test_a_crashed_engine_migrates_its_stream_and_its_replica_is_replaced(apps):
     assert stream.join() == expected
     _wait_gone(workers)  # no orphan engine processes
     # The replica's health check fails and Serve starts a new one in its place.
-    apps.wait_until(lambda: victim not in _replicas(apps, "decode_pool") and len(_replicas(apps, "decode_pool")) == 2,
-                    300, "the crashed replica to be replaced")
+    apps.wait_until(
+        lambda: victim not in _replicas(apps, "decode_pool") and len(_replicas(apps, "decode_pool")) == 2,
+        300,
+        "the crashed replica to be replaced",
+    )
 
 
 def test_a_prefill_replica_dying_under_load_costs_local_prefills_not_requests(apps):
     (victim,) = _wait_for_replicas(apps, "prefill_pool", 1)
-    bodies = [{"model": MODEL, "prompt": text_prompt(700, seed=900 + i), "max_tokens": 16, "temperature": 0,
-               "ignore_eos": True} for i in range(6)]
+    bodies = [
+        {
+            "model": MODEL,
+            "prompt": text_prompt(700, seed=900 + i),
+            "max_tokens": 16,
+            "temperature": 0,
+            "ignore_eos": True,
+        }
+        for i in range(6)
+    ]
     expected = [completion_text(apps, "agg", b) for b in bodies]
     fallbacks_before = apps.metric("disagg", "orchestrator_prefill_fallbacks_total")
     local_before = apps.metric("disagg", "orchestrator_route_decisions_total", {"reason": "no_prefill_replica"})
 
     async def load():
         async with httpx.AsyncClient(timeout=120) as client:
+
             async def one(b, delay):
                 await asyncio.sleep(delay)
                 r = await client.post(apps.url("disagg", "/v1/completions"), json=b)
@@ -190,7 +219,9 @@ def test_a_prefill_replica_dying_under_load_costs_local_prefills_not_requests(ap
     assert results == [(200, e) for e in expected]
     # Requests in the prefill pool when it died fell back; later ones prefilled locally at once.
     fell_back = apps.metric("disagg", "orchestrator_prefill_fallbacks_total") - fallbacks_before
-    routed_local = apps.metric("disagg", "orchestrator_route_decisions_total", {"reason": "no_prefill_replica"}) - local_before
+    routed_local = (
+        apps.metric("disagg", "orchestrator_route_decisions_total", {"reason": "no_prefill_replica"}) - local_before
+    )
     assert fell_back + routed_local >= 1
     # Serve replaces the replica; the index forgets the dead one's blocks.
     apps.wait_until(lambda: (set(_replicas(apps, "prefill_pool")) - {victim}) or None, 300, "a new prefill replica")

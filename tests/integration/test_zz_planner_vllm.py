@@ -53,9 +53,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from orchestrator.planner.factory import make_planner
 from orchestrator.config import AppConfig
 from orchestrator.planner.capacity import decode_capacity, prefill_service_s
+from orchestrator.planner.factory import make_planner
 from orchestrator.planner.planner import Observation
 from orchestrator.sim.perf_model import ProfileModel
 from tests.integration.conftest import ROOT, app_config
@@ -103,21 +103,35 @@ def decode_utilization() -> float:
 def planner_config(model_dir) -> AppConfig:
     # Small KV caches: 0.25 GiB prefill, 0.01 GiB decode (5,242 tokens of 2,048
     # bytes, just over max_model_len); the decode engine one sequence at a time.
-    return app_config("disagg-cpu.yaml", model_dir, prefill_pool__engine__cpu__kv_cache_gib=0.25,
-                      decode_pool__engine__cpu__kv_cache_gib=0.01, decode_pool__engine__max_num_seqs=1,
-                      sla__ttft_p99_ms=ttft_target_ms(), sla__itl_p50_ms=ITL_MS,
-                      planner__decode_utilization=decode_utilization(),
-                      planner__mode="act", planner__interval_s=INTERVAL_S, planner__scale_down_intervals=2,
-                      planner__profile=str(PROFILE),
-                      planner__prefill={"min_replicas": 1, "max_replicas": 2},
-                      planner__decode={"min_replicas": 1, "max_replicas": 2})
+    return app_config(
+        "disagg-cpu.yaml",
+        model_dir,
+        prefill_pool__engine__cpu__kv_cache_gib=0.25,
+        decode_pool__engine__cpu__kv_cache_gib=0.01,
+        decode_pool__engine__max_num_seqs=1,
+        sla__ttft_p99_ms=ttft_target_ms(),
+        sla__itl_p50_ms=ITL_MS,
+        planner__decode_utilization=decode_utilization(),
+        planner__mode="act",
+        planner__interval_s=INTERVAL_S,
+        planner__scale_down_intervals=2,
+        planner__profile=str(PROFILE),
+        planner__prefill={"min_replicas": 1, "max_replicas": 2},
+        planner__decode={"min_replicas": 1, "max_replicas": 2},
+    )
 
 
 def needs(config: AppConfig, step: Step) -> tuple[float, float]:
     """(prefill, decode) replicas the planner proposes for one interval of `step`."""
     planner = make_planner(config)
-    obs = Observation(interval_s=INTERVAL_S, requests=round(step.rate * INTERVAL_S), mean_isl=step.isl,
-                      mean_osl=step.osl, prefill_replicas=1, decode_replicas=1)
+    obs = Observation(
+        interval_s=INTERVAL_S,
+        requests=round(step.rate * INTERVAL_S),
+        mean_isl=step.isl,
+        mean_osl=step.osl,
+        prefill_replicas=1,
+        decode_replicas=1,
+    )
     decision = planner.step(obs)
     return decision.proposed_prefill, decision.proposed_decode
 
@@ -139,13 +153,15 @@ def planner_app(serve_instance, tiny_model):
 
 def test_a_prefill_heavy_step_grows_the_prefill_pool_then_shrinks_it(planner_app):
     s = PREFILL_STEP
-    summary = scale_cycle(planner_app, APP, MODEL, s.isl, s.osl, s.rate, grown=(2, 1), seed=3, seconds=120,
-                          start_s=120, hold_s=5)
+    summary = scale_cycle(
+        planner_app, APP, MODEL, s.isl, s.osl, s.rate, grown=(2, 1), seed=3, seconds=120, start_s=120, hold_s=5
+    )
     print("prefill step:", summary)
 
 
 def test_long_outputs_grow_the_decode_pool_then_shrink_it(planner_app):
     s = DECODE_STEP
-    summary = scale_cycle(planner_app, APP, MODEL, s.isl, s.osl, s.rate, grown=(1, 2), seed=4, seconds=120,
-                          start_s=120, hold_s=5)
+    summary = scale_cycle(
+        planner_app, APP, MODEL, s.isl, s.osl, s.rate, grown=(1, 2), seed=4, seconds=120, start_s=120, hold_s=5
+    )
     print("decode step:", summary)

@@ -34,8 +34,12 @@ def test_completion_runs_prefill_then_decode_with_the_transfer():
     assert body["choices"][0]["text"] == "".join(token_text(OUT + i) for i in range(3))
     assert body["choices"][0]["finish_reason"] == "length"
     # 4 prompt tokens, 3 generated; cached tokens as the prefill replica reported them.
-    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7,
-                             "prompt_tokens_details": {"cached_tokens": 7}}
+    assert body["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 3,
+        "total_tokens": 7,
+        "prompt_tokens_details": {"cached_tokens": 7},
+    }
     (prefill,) = fe.prefill.prefills
     (decode,) = fe.decode.generates
     assert prefill.sampling.max_tokens == 1 and prefill.kv_transfer is None
@@ -68,9 +72,14 @@ def test_aggregated_mode_never_calls_a_prefill_pool():
 
 def test_chat_renders_the_template_and_returns_a_message():
     fe = make_frontend()
-    body = {"model": MODEL, "messages": [{"role": "system", "content": "be brief"},
-                                         {"role": "user", "content": [{"type": "text", "text": "hi there"}]}],
-            "max_completion_tokens": 2}
+    body = {
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "hi there"}]},
+        ],
+        "max_completion_tokens": 2,
+    }
     r = run(_post(fe, "/v1/chat/completions", body))
     assert r.status_code == 200
     out = r.json()
@@ -90,7 +99,13 @@ def test_chat_without_max_tokens_may_use_the_rest_of_the_context():
 
 def test_streamed_completion_is_valid_sse_with_usage_last():
     fe = make_frontend()
-    body = {"model": MODEL, "prompt": "a b c", "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": MODEL,
+        "prompt": "a b c",
+        "max_tokens": 3,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     r = run(_post(fe, "/v1/completions", body))
     assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
     events = sse.parse_events(r.text)
@@ -208,7 +223,9 @@ def test_with_no_live_prefill_replica_the_decode_replica_prefills_at_once():
     r = run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "a b", "max_tokens": 1}))
     assert r.status_code == 200
     assert not fe.prefill.prefills and fe.decode.generates[0].kv_transfer is None
-    assert fe.metric("orchestrator_route_decisions_total", {"kind": "local_prefill", "reason": "no_prefill_replica"}) == 1
+    assert (
+        fe.metric("orchestrator_route_decisions_total", {"kind": "local_prefill", "reason": "no_prefill_replica"}) == 1
+    )
 
 
 def test_slow_prefill_times_out_and_falls_back():
@@ -253,7 +270,9 @@ def test_closing_a_stream_early_closes_the_decode_call():
     fe = make_frontend(max_model_len=4096, decode=FakePool("decode_pool", chunk_delay_s=0.01))
 
     async def go():
-        stream = await fe.service.handle(Endpoint.COMPLETIONS, _json({"model": MODEL, "prompt": "a", "max_tokens": 1000, "stream": True}))
+        stream = await fe.service.handle(
+            Endpoint.COMPLETIONS, _json({"model": MODEL, "prompt": "a", "max_tokens": 1000, "stream": True})
+        )
         got = [await anext(stream) for _ in range(3)]
         await stream.aclose()
         return got
@@ -268,7 +287,9 @@ def test_cancelling_a_whole_request_closes_the_decode_call():
     fe = make_frontend(max_model_len=4096, decode=FakePool("decode_pool", chunk_delay_s=0.01))
 
     async def go():
-        task = asyncio.create_task(fe.service.handle(Endpoint.COMPLETIONS, _json({"model": MODEL, "prompt": "a", "max_tokens": 1000})))
+        task = asyncio.create_task(
+            fe.service.handle(Endpoint.COMPLETIONS, _json({"model": MODEL, "prompt": "a", "max_tokens": 1000}))
+        )
         await asyncio.sleep(0.1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
@@ -281,12 +302,31 @@ def test_cancelling_a_whole_request_closes_the_decode_call():
 
 def test_stop_and_sampling_fields_reach_the_engine_request():
     fe = make_frontend()
-    body = {"model": MODEL, "prompt": "a", "max_tokens": 2, "stop": "END", "top_k": -1, "top_p": 0.5, "seed": 3,
-            "ignore_eos": True, "min_tokens": 1, "stop_token_ids": [5], "repetition_penalty": 1.1}
+    body = {
+        "model": MODEL,
+        "prompt": "a",
+        "max_tokens": 2,
+        "stop": "END",
+        "top_k": -1,
+        "top_p": 0.5,
+        "seed": 3,
+        "ignore_eos": True,
+        "min_tokens": 1,
+        "stop_token_ids": [5],
+        "repetition_penalty": 1.1,
+    }
     assert run(_post(fe, "/v1/completions", body)).status_code == 200
     s = fe.decode.generates[0].sampling
     assert (s.stop, s.top_k, s.top_p, s.seed, s.ignore_eos, s.min_tokens, s.stop_token_ids, s.repetition_penalty) == (
-        ("END",), None, 0.5, 3, True, 1, (5,), 1.1)
+        ("END",),
+        None,
+        0.5,
+        3,
+        True,
+        1,
+        (5,),
+        1.1,
+    )
     assert fe.prefill.prefills[0].sampling.min_tokens == 0
 
 

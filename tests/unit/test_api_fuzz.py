@@ -13,16 +13,26 @@ from tests.factories import MODEL, make_frontend, run
 
 FE = make_frontend(max_model_len=128)
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-2**40, 2**40), st.floats(allow_nan=True),
-                    st.text(max_size=40))
-values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5),
-                      max_leaves=20)
+scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**40), 2**40), st.floats(allow_nan=True), st.text(max_size=40)
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=10), inner, max_size=5),
+    max_leaves=20,
+)
 known = {
     "model": st.one_of(st.just(MODEL), st.text(max_size=10)),
     "prompt": st.one_of(st.text(max_size=60), st.lists(st.integers(-5, 2000), max_size=20), values),
-    "messages": st.one_of(st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "x"]),
-                                                          "content": st.one_of(st.text(max_size=30), values)}),
-                                   max_size=3), values),
+    "messages": st.one_of(
+        st.lists(
+            st.fixed_dictionaries(
+                {"role": st.sampled_from(["user", "system", "x"]), "content": st.one_of(st.text(max_size=30), values)}
+            ),
+            max_size=3,
+        ),
+        values,
+    ),
     "max_tokens": st.one_of(st.integers(-5, 500), values),
     "temperature": st.one_of(st.floats(-1, 3), values),
     "stream": st.one_of(st.booleans(), values),
@@ -73,7 +83,7 @@ def test_the_server_still_serves_after_the_fuzzing():
 
 
 def _body_with(value: str) -> bytes:
-    return ('{"model": "%s", "prompt": "a b", "max_tokens": 2, "temperature": %s}' % (MODEL, value)).encode()
+    return f'{{"model": "{MODEL}", "prompt": "a b", "max_tokens": 2, "temperature": {value}}}'.encode()
 
 
 hostile = st.one_of(
@@ -89,9 +99,13 @@ hostile = st.one_of(
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(raw=hostile, content_type=st.sampled_from(["application/json", "text/plain", "multipart/form-data",
-                                                   "application/x-www-form-urlencoded", ""]),
-       path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]))
+@given(
+    raw=hostile,
+    content_type=st.sampled_from(
+        ["application/json", "text/plain", "multipart/form-data", "application/x-www-form-urlencoded", ""]
+    ),
+    path=st.sampled_from(["/v1/completions", "/v1/chat/completions"]),
+)
 def test_hostile_bodies_get_a_4xx_and_never_a_server_error(raw, content_type, path):
     async def go():
         async with FE.client() as c:
@@ -105,8 +119,9 @@ def test_hostile_bodies_get_a_4xx_and_never_a_server_error(raw, content_type, pa
 def test_nan_and_infinite_numbers_are_refused_as_invalid_json():
     async def go(value):
         async with FE.client() as c:
-            return await c.post("/v1/completions", content=_body_with(value),
-                                headers={"content-type": "application/json"})
+            return await c.post(
+                "/v1/completions", content=_body_with(value), headers={"content-type": "application/json"}
+            )
 
     for value in ("NaN", "Infinity", "-Infinity", "1e999999"):
         response = run(go(value))

@@ -18,7 +18,9 @@ def _body(**kw) -> bytes:
 
 async def _post(fe, body: bytes, headers=None):
     async with fe.client() as c:
-        return await c.post("/v1/completions", content=body, headers={"content-type": "application/json", **(headers or {})})
+        return await c.post(
+            "/v1/completions", content=body, headers={"content-type": "application/json", **(headers or {})}
+        )
 
 
 def test_beyond_the_in_flight_limit_requests_get_429_with_retry_after_and_slots_come_back():
@@ -102,7 +104,9 @@ def test_the_default_output_limit_caps_an_open_ended_chat():
 
     async def go():
         async with fe.client() as c:
-            return await c.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+            return await c.post(
+                "/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}
+            )
 
     assert run(go()).status_code == 200 and fe.decode.generates[0].sampling.max_tokens == 7
 
@@ -112,10 +116,14 @@ def test_an_api_key_guards_the_api_but_not_health():
 
     async def go():
         async with fe.client() as c:
-            return (await c.post("/v1/completions", content=_body()),
-                    await c.post("/v1/completions", content=_body(), headers={"authorization": "Bearer wrong"}),
-                    await c.post("/v1/completions", content=_body(), headers={"authorization": "Bearer s3cret"}),
-                    await c.get("/v1/models"), await c.get("/health"), await c.get("/pools"))
+            return (
+                await c.post("/v1/completions", content=_body()),
+                await c.post("/v1/completions", content=_body(), headers={"authorization": "Bearer wrong"}),
+                await c.post("/v1/completions", content=_body(), headers={"authorization": "Bearer s3cret"}),
+                await c.get("/v1/models"),
+                await c.get("/health"),
+                await c.get("/pools"),
+            )
 
     missing, wrong, good, models, health, pools = run(go())
     assert missing.status_code == wrong.status_code == 401 == models.status_code == pools.status_code

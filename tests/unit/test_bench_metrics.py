@@ -4,13 +4,21 @@ from __future__ import annotations
 
 import pytest
 
-from tools.client import RequestRecord
 from tools.bench_stats import find_knee, meets_slo, parse_slo, past_the_knee, percentiles, summarize, tpot_s
+from tools.client import RequestRecord
 
 
 def rec(ttft, itl, e2e, out_tokens, prompt_tokens=10, ok=True, error=None, cached=None):
-    return RequestRecord(ok=ok, ttft_s=ttft, itl_s=list(itl), e2e_s=e2e, output_tokens=out_tokens,
-                         prompt_tokens=prompt_tokens, error=error, cached_tokens=cached)
+    return RequestRecord(
+        ok=ok,
+        ttft_s=ttft,
+        itl_s=list(itl),
+        e2e_s=e2e,
+        output_tokens=out_tokens,
+        prompt_tokens=prompt_tokens,
+        error=error,
+        cached_tokens=cached,
+    )
 
 
 def test_percentiles_interpolate_linearly_in_ms():
@@ -68,6 +76,12 @@ def test_knee_is_where_goodput_reaches_its_plateau():
 
 
 def test_prefix_hit_rate_comes_from_reported_cached_tokens():
-    assert summarize([rec(0.1, [], 0.1, 1, prompt_tokens=100, cached=60),
-                      rec(0.1, [], 0.1, 1, prompt_tokens=100, cached=0)], 1.0, []).prefix_hit_rate == 0.3
+    assert (
+        summarize(
+            [rec(0.1, [], 0.1, 1, prompt_tokens=100, cached=60), rec(0.1, [], 0.1, 1, prompt_tokens=100, cached=0)],
+            1.0,
+            [],
+        ).prefix_hit_rate
+        == 0.3
+    )
     assert summarize([rec(0.1, [], 0.1, 1)], 1.0, []).prefix_hit_rate is None

@@ -66,5 +66,3 @@ def test_an_unknown_sglang_server_arg_fails_the_build(tmp_path):
     path.write_text(yaml.safe_dump(doc))
     with pytest.raises(ValueError, match="max_runing_requests"):
         build_app(load_app_config(path))
-
-

@@ -20,13 +20,19 @@ PROMQL_WORDS = {"sum", "rate", "max", "avg", "histogram_quantile"}
 
 
 def _exported() -> set[str]:
-    app = AppConfig.model_validate({"model": {"name": "m", "source": "org/m", "max_model_len": 64},
-                                    "prefill_pool": {"engine": {"kind": "sim"}},
-                                    "decode_pool": {"engine": {"kind": "sim"}}})
-    parts = build_frontend(app, {PRIMARY_GROUP: PoolGroup(FakePool("decode_pool"), FakePool("prefill_pool"))},
-                           WordTokenizer())
-    names = {family.name + suffix for family in parts.metrics.registry.collect()
-             for suffix in SERIES.get(family.type, ("",))}
+    app = AppConfig.model_validate(
+        {
+            "model": {"name": "m", "source": "org/m", "max_model_len": 64},
+            "prefill_pool": {"engine": {"kind": "sim"}},
+            "decode_pool": {"engine": {"kind": "sim"}},
+        }
+    )
+    parts = build_frontend(
+        app, {PRIMARY_GROUP: PoolGroup(FakePool("decode_pool"), FakePool("prefill_pool"))}, WordTokenizer()
+    )
+    names = {
+        family.name + suffix for family in parts.metrics.registry.collect() for suffix in SERIES.get(family.type, ("",))
+    }
     return names | {f"ray_{PLANNER_GAUGE_PREFIX}{name}" for name in PLANNER_GAUGES}
 
 
@@ -44,19 +50,32 @@ def _metric_names(expr: str) -> set[str]:
 
 def test_every_query_names_a_metric_the_app_exports():
     exported = _exported()
-    unknown = {f"{panel['title']}: {name}" for panel in _panels() for target in panel["targets"]
-               for name in _metric_names(target["expr"]) if name not in exported}
+    unknown = {
+        f"{panel['title']}: {name}"
+        for panel in _panels()
+        for target in panel["targets"]
+        for name in _metric_names(target["expr"])
+        if name not in exported
+    }
     assert unknown == set()
 
 
 def test_the_dashboard_covers_latency_hops_routing_kv_fallbacks_admission_and_the_planner():
     queried = {name for panel in _panels() for target in panel["targets"] for name in _metric_names(target["expr"])}
-    for wanted in ("orchestrator_time_to_first_token_seconds_bucket", "orchestrator_inter_token_latency_seconds_bucket",
-                   "orchestrator_request_hop_seconds_bucket", "orchestrator_route_decisions_total",
-                   "orchestrator_engine_cached_prompt_tokens_total", "orchestrator_kv_transfers_total",
-                   "orchestrator_prefill_fallbacks_total", "orchestrator_decode_migrations_total",
-                   "orchestrator_requests_total", "ray_orchestrator_planner_desired_replicas",
-                   "ray_orchestrator_planner_observed_rate", "ray_orchestrator_planner_predicted_rate"):
+    for wanted in (
+        "orchestrator_time_to_first_token_seconds_bucket",
+        "orchestrator_inter_token_latency_seconds_bucket",
+        "orchestrator_request_hop_seconds_bucket",
+        "orchestrator_route_decisions_total",
+        "orchestrator_engine_cached_prompt_tokens_total",
+        "orchestrator_kv_transfers_total",
+        "orchestrator_prefill_fallbacks_total",
+        "orchestrator_decode_migrations_total",
+        "orchestrator_requests_total",
+        "ray_orchestrator_planner_desired_replicas",
+        "ray_orchestrator_planner_observed_rate",
+        "ray_orchestrator_planner_predicted_rate",
+    ):
         assert wanted in queried, wanted
 
 

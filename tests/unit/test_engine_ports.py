@@ -72,13 +72,16 @@ def test_a_reserved_port_is_drawn_by_no_other_reservation_until_released():
 def test_a_reservation_holds_across_processes_until_its_process_ends():
     """Replicas on one node are processes: another process's reservation is
     respected, and the kernel drops it with that process."""
-    hold = ("import random, sys\n"
-            "from orchestrator.engines.ports import reserve_listen_port\n"
-            "held = reserve_listen_port('127.0.0.1', random.Random(0))\n"
-            "print(held.port, flush=True)\n"
-            "sys.stdin.read()\n")
-    with subprocess.Popen([sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                          text=True) as holder:
+    hold = (
+        "import random, sys\n"
+        "from orchestrator.engines.ports import reserve_listen_port\n"
+        "held = reserve_listen_port('127.0.0.1', random.Random(0))\n"
+        "print(held.port, flush=True)\n"
+        "sys.stdin.read()\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", hold], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    ) as holder:
         held = int(holder.stdout.readline())
         mine = reserve_listen_port("127.0.0.1", random.Random(0))
         mine.release()

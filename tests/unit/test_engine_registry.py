@@ -74,13 +74,27 @@ def test_planner_inputs_are_what_each_engines_settings_say():
 
 def test_only_sglang_hands_kv_over_by_rendezvous():
     assert {kind: engine_adapter(kind).kv_handoff for kind in KINDS} == {
-        "sglang": KVHandoff.CONCURRENT, "sim": KVHandoff.AFTER_PREFILL, "vllm": KVHandoff.AFTER_PREFILL}
+        "sglang": KVHandoff.CONCURRENT,
+        "sim": KVHandoff.AFTER_PREFILL,
+        "vllm": KVHandoff.AFTER_PREFILL,
+    }
 
 
 @pytest.mark.parametrize("policy, published", [("kv_aware", True), ("round_robin", False)])
 def test_a_pools_spec_carries_the_application_settings(policy, published):
-    app = AppConfig(model=MODEL, decode_pool=PoolConfig(engine={"kind": "sim"}), routing={"policy": policy},
-                    network=NetworkConfig(kv_handshake_timeout_s=5))
+    app = AppConfig(
+        model=MODEL,
+        decode_pool=PoolConfig(engine={"kind": "sim"}),
+        routing={"policy": policy},
+        network=NetworkConfig(kv_handshake_timeout_s=5),
+    )
     spec = EngineSpec.for_pool(app, app.decode_pool, EngineRole.DECODE, "10.0.0.1")
-    assert spec == EngineSpec(MODEL, app.kv_cache, app.decode_pool.engine, EngineRole.DECODE, "10.0.0.1",
-                              app.network, publish_kv_events=published)
+    assert spec == EngineSpec(
+        MODEL,
+        app.kv_cache,
+        app.decode_pool.engine,
+        EngineRole.DECODE,
+        "10.0.0.1",
+        app.network,
+        publish_kv_events=published,
+    )

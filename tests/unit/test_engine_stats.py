@@ -6,32 +6,47 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from orchestrator.config import NetworkConfig, VllmEngineConfig
 from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats
 from orchestrator.engines.vllm_engine import _StatsSink, process_env
-from orchestrator.config import NetworkConfig, VllmEngineConfig
 
 
 def _scheduler(running=0, waiting=0, usage=0.0, nixl=None):
-    return SimpleNamespace(num_running_reqs=running, num_waiting_reqs=waiting, kv_cache_usage=usage, kv_connector_stats=nixl)
+    return SimpleNamespace(
+        num_running_reqs=running, num_waiting_reqs=waiting, kv_cache_usage=usage, kv_connector_stats=nixl
+    )
 
 
 def _iteration(computed=0, local=0, external=0, generated=0, finished=0):
     prompt = SimpleNamespace(computed=computed, local_cache_hit=local, external_kv_transfer=external)
-    return SimpleNamespace(prompt_token_stats=prompt, num_generation_tokens=generated, finished_requests=[None] * finished)
+    return SimpleNamespace(
+        prompt_token_stats=prompt, num_generation_tokens=generated, finished_requests=[None] * finished
+    )
 
 
 def test_sink_keeps_latest_gauges_and_sums_counters():
     sink = _StatsSink()
-    nixl = {"transfer_duration": [0.01, 0.02], "bytes_transferred": [1000, 3000], "num_failed_transfers": [1],
-            "num_failed_handshakes": [], "num_failed_notifications": [1]}
-    sink.record(_scheduler(running=2, waiting=1, usage=0.25, nixl=nixl), _iteration(computed=1, external=299, generated=2))
+    nixl = {
+        "transfer_duration": [0.01, 0.02],
+        "bytes_transferred": [1000, 3000],
+        "num_failed_transfers": [1],
+        "num_failed_handshakes": [],
+        "num_failed_notifications": [1],
+    }
+    sink.record(
+        _scheduler(running=2, waiting=1, usage=0.25, nixl=nixl), _iteration(computed=1, external=299, generated=2)
+    )
     sink.record(_scheduler(running=1, usage=0.1), _iteration(local=32, generated=1, finished=1))
     sink.record(None, None)
     s = sink.snapshot()
     assert (s.num_running, s.num_waiting, s.kv_cache_usage) == (1, 0, 0.1)
     assert s.kv_transfers_total == 2 and s.kv_transfer_bytes_total == 4000
     assert abs(s.kv_transfer_seconds_total - 0.03) < 1e-9 and s.kv_transfer_failures_total == 2
-    assert (s.prompt_tokens_computed_total, s.prompt_tokens_transferred_total, s.prompt_tokens_local_cache_total) == (1, 299, 32)
+    assert (s.prompt_tokens_computed_total, s.prompt_tokens_transferred_total, s.prompt_tokens_local_cache_total) == (
+        1,
+        299,
+        32,
+    )
     assert s.generation_tokens_total == 3 and s.requests_finished_total == 1
 
 

@@ -30,8 +30,17 @@ def test_a_table_with_no_rows_is_its_header():
     assert report.table(["x"], []) == "| x |\n|---|\n"
 
 
-@pytest.mark.parametrize(("x", "signed", "text"), [(None, False, "-"), (None, True, "-"), (0.123, False, "12%"),
-                                                   (0.123, True, "+12%"), (-0.05, False, "-5%"), (-0.05, True, "-5%")])
+@pytest.mark.parametrize(
+    ("x", "signed", "text"),
+    [
+        (None, False, "-"),
+        (None, True, "-"),
+        (0.123, False, "12%"),
+        (0.123, True, "+12%"),
+        (-0.05, False, "-5%"),
+        (-0.05, True, "-5%"),
+    ],
+)
 def test_percent(x, signed, text):
     assert report.percent(x, signed=signed) == text
 
@@ -39,8 +48,9 @@ def test_percent(x, signed, text):
 def test_write_puts_the_json_the_markdown_and_the_plot_side_by_side(tmp_path, capsys):
     plotted = []
     out = tmp_path / "new" / "run.json"
-    text = report.write(out, {"a": 1}, markdown=lambda d: f"a is {d['a']}\n",
-                        plot=lambda d, path: plotted.append((d, path)))
+    text = report.write(
+        out, {"a": 1}, markdown=lambda d: f"a is {d['a']}\n", plot=lambda d, path: plotted.append((d, path))
+    )
     assert json.loads(out.read_text()) == {"a": 1} and out.read_text().endswith("}\n")
     assert (tmp_path / "new" / "run.md").read_text() == text == "a is 1\n"
     assert plotted == [({"a": 1}, tmp_path / "new" / "run.png")]
@@ -59,10 +69,16 @@ def test_write_json_keeps_the_indent_asked_for(tmp_path):
 
 # Each script's markdown(doc) against the markdown committed beside its JSON: the tables come out as the
 # committed results were written (both are written together by the script).
-COMMITTED = [("compare_routing", "compare_routing"), ("compare_shape_routing", "shape_routing"),
-             ("compare_serving", "compare_serving"), ("compare_serving", "compare_serving_agg"),
-             ("cpu_engine_polling", "cpu_engine_polling"), ("mocker_validation", "mocker_validation"),
-             ("roofline_vs_published", "roofline_vs_published"), ("sim_validation", "sim_validation")]
+COMMITTED = [
+    ("compare_routing", "compare_routing"),
+    ("compare_shape_routing", "shape_routing"),
+    ("compare_serving", "compare_serving"),
+    ("compare_serving", "compare_serving_agg"),
+    ("cpu_engine_polling", "cpu_engine_polling"),
+    ("mocker_validation", "mocker_validation"),
+    ("roofline_vs_published", "roofline_vs_published"),
+    ("sim_validation", "sim_validation"),
+]
 
 
 @pytest.mark.parametrize(("module", "result"), COMMITTED, ids=[r for _, r in COMMITTED])
@@ -115,13 +131,16 @@ def test_the_dynamo_shim_file_installs_its_import_hook_and_qwen2_vl_s_rule():
     """The file dynamo_peer copies into Dynamo's venv, loaded as that venv's .pth loads it."""
     from benchmarks import dynamo_peer
 
-    probe = ("import importlib.util, sys\n"
-             f"spec = importlib.util.spec_from_file_location({dynamo_peer.SHIM_MODULE!r}, sys.argv[1])\n"
-             "module = importlib.util.module_from_spec(spec)\n"
-             "spec.loader.exec_module(module)\n"
-             "print(type(sys.meta_path[0]).__name__, module.smart_resize(100, 300))\n")
-    out = subprocess.run([sys.executable, "-c", probe, str(dynamo_peer.SHIM_SOURCE)], capture_output=True, text=True,
-                         check=True)
+    probe = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location({dynamo_peer.SHIM_MODULE!r}, sys.argv[1])\n"
+        "module = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(module)\n"
+        "print(type(sys.meta_path[0]).__name__, module.smart_resize(100, 300))\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe, str(dynamo_peer.SHIM_SOURCE)], capture_output=True, text=True, check=True
+    )
     assert out.stdout.split(maxsplit=1) == ["_Finder", "(112, 308)\n"]
 
 
@@ -165,21 +184,39 @@ def test_our_app_through_serve_run_starts_ray_then_serve_run_and_stops_both(monk
     monkeypatch.setattr("deployments.ingress.stop_orphaned_haproxy", lambda: events.append("haproxy"))
     with launch.ours(_Config("m"), tmp_path / "serve.log", port=8123) as url:
         assert url == "http://127.0.0.1:8123"
-    assert configs == [{"proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": 8123},
-                        "applications": [{"name": "orchestrator", "route_prefix": "/",
-                                          "import_path": "deployments.app:build_app",
-                                          "args": {"model": {"name": "m"}}}]}]
-    assert events == [("run", ["ray", "start", "--head", "--num-cpus", "8", "--include-dashboard", "false"], "1"),
-                      ("popen", ["serve", "run", "--address", "auto"], launch.ROOT, "1"),
-                      ("wait", "http://127.0.0.1:8123/health"), ("stop", 60),
-                      ("run", ["ray", "stop", "--force"], None), "haproxy"]
+    assert configs == [
+        {
+            "proxy_location": "HeadOnly",
+            "http_options": {"host": "127.0.0.1", "port": 8123},
+            "applications": [
+                {
+                    "name": "orchestrator",
+                    "route_prefix": "/",
+                    "import_path": "deployments.app:build_app",
+                    "args": {"model": {"name": "m"}},
+                }
+            ],
+        }
+    ]
+    assert events == [
+        ("run", ["ray", "start", "--head", "--num-cpus", "8", "--include-dashboard", "false"], "1"),
+        ("popen", ["serve", "run", "--address", "auto"], launch.ROOT, "1"),
+        ("wait", "http://127.0.0.1:8123/health"),
+        ("stop", 60),
+        ("run", ["ray", "stop", "--force"], None),
+        "haproxy",
+    ]
 
     events.clear()
     with launch.ours({"a": _Config("a")}, ingress=False, ray_start=False, port=8124, stop_wait_s=120) as urls:
         assert urls == {"a": "http://127.0.0.1:8124/a"}
     assert configs[-1]["applications"][0]["route_prefix"] == "/a"
-    assert events == [("popen", ["serve", "run"], launch.ROOT, None), ("wait", "http://127.0.0.1:8124/a/health"),
-                      ("stop", 120), ("run", ["ray", "stop", "--force"], None)]
+    assert events == [
+        ("popen", ["serve", "run"], launch.ROOT, None),
+        ("wait", "http://127.0.0.1:8124/a/health"),
+        ("stop", 120),
+        ("run", ["ray", "stop", "--force"], None),
+    ]
 
 
 def test_our_apps_in_process_share_one_serve_instance_started_with_the_ingress(monkeypatch):
@@ -190,7 +227,8 @@ def test_our_apps_in_process_share_one_serve_instance_started_with_the_ingress(m
         start=lambda http_options: events.append(("start", http_options)),
         RunTarget=lambda app, name, route_prefix: (app, name, route_prefix),
         run_many=lambda targets, **kw: events.append(("run_many", targets, kw)),
-        shutdown=lambda: events.append("serve.shutdown"))
+        shutdown=lambda: events.append("serve.shutdown"),
+    )
     ray = types.ModuleType("ray")
     ray.serve = serve
     ray.init = lambda **kw: events.append(("init", kw, launch.os.environ.get("RAY_SERVE_ENABLE_HA_PROXY")))
@@ -204,9 +242,22 @@ def test_our_apps_in_process_share_one_serve_instance_started_with_the_ingress(m
         assert urls == {"a": "http://127.0.0.1:8125/a", "b": "http://127.0.0.1:8125/b"}
         assert "RAY_SERVE_ENABLE_HA_PROXY" not in launch.os.environ  # set while Ray starts only
     assert events == [
-        ("init", {"address": "local", "num_cpus": 8, "include_dashboard": False, "logging_level": "ERROR",
-                  "log_to_driver": False}, "1"),
+        (
+            "init",
+            {
+                "address": "local",
+                "num_cpus": 8,
+                "include_dashboard": False,
+                "logging_level": "ERROR",
+                "log_to_driver": False,
+            },
+            "1",
+        ),
         ("start", {"host": "127.0.0.1", "port": 8125}),
         ("run_many", [("app A", "a", "/a"), ("app B", "b", "/b")], {"wait_for_applications_running": True}),
-        ("wait", "http://127.0.0.1:8125/a/health"), ("wait", "http://127.0.0.1:8125/b/health"),
-        "serve.shutdown", "ray.shutdown", "haproxy"]
+        ("wait", "http://127.0.0.1:8125/a/health"),
+        ("wait", "http://127.0.0.1:8125/b/health"),
+        "serve.shutdown",
+        "ray.shutdown",
+        "haproxy",
+    ]

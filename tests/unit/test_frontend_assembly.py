@@ -8,7 +8,6 @@ import httpx
 import pytest
 
 from orchestrator.api.app import AppHooks, build_openai_app
-
 from orchestrator.config import PRIMARY_GROUP, AppConfig
 from orchestrator.frontend import PoolGroup, build_frontend
 from orchestrator.kv.events import BlockStored, KVEventBatch
@@ -20,16 +19,26 @@ SIM = {"engine": {"kind": "sim"}}
 
 
 def _config(**extra) -> AppConfig:
-    return AppConfig.model_validate({"model": {"name": "m", "source": "org/m", "max_model_len": 4096},
-                                     "prefill_pool": SIM, "decode_pool": SIM,
-                                     "routing": {"kv_events": False}, **extra})
+    return AppConfig.model_validate(
+        {
+            "model": {"name": "m", "source": "org/m", "max_model_len": 4096},
+            "prefill_pool": SIM,
+            "decode_pool": SIM,
+            "routing": {"kv_events": False},
+            **extra,
+        }
+    )
 
 
 def _two_groups():
-    config = _config(pool_groups=[{"name": "side", "decode_pool": SIM}],
-                     routing={"kv_events": False, "shape": {"prefix_group": "side"}})
-    groups = {PRIMARY_GROUP: PoolGroup(FakePool("decode_pool"), FakePool("prefill_pool", ("p0",))),
-              "side": PoolGroup(FakePool("side_decode_pool", ("s0",)))}
+    config = _config(
+        pool_groups=[{"name": "side", "decode_pool": SIM}],
+        routing={"kv_events": False, "shape": {"prefix_group": "side"}},
+    )
+    groups = {
+        PRIMARY_GROUP: PoolGroup(FakePool("decode_pool"), FakePool("prefill_pool", ("p0",))),
+        "side": PoolGroup(FakePool("side_decode_pool", ("s0",))),
+    }
     return config, groups
 
 
@@ -73,8 +82,10 @@ def test_a_request_goes_through_the_assembled_service_and_its_path():
 
     async def complete():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://f") as client:
-            return (await client.post("/v1/completions", json={"model": "m", "prompt": "a b c", "max_tokens": 3}),
-                    await client.get("/health"))
+            return (
+                await client.post("/v1/completions", json={"model": "m", "prompt": "a b c", "max_tokens": 3}),
+                await client.get("/health"),
+            )
 
     response, health_response = run(complete())
     assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 3
@@ -94,7 +105,8 @@ def test_the_simulator_routes_with_the_same_assembly():
     from orchestrator.sim.link import LINKS
     from orchestrator.sim.perf_model import roofline
 
-    sim = ClusterSim(ClusterSpec(1, 1, 1000, routing=RoutingConfig()), roofline("H100", "llama-3.1-8b"),
-                     LINKS["nvlink"])
+    sim = ClusterSim(
+        ClusterSpec(1, 1, 1000, routing=RoutingConfig()), roofline("H100", "llama-3.1-8b"), LINKS["nvlink"]
+    )
     routing = build_routing(RoutingConfig(), 16)
     assert type(sim.scheduler) is type(routing.schedulers[PRIMARY_GROUP]) is KvAwareScheduler

@@ -39,8 +39,14 @@ def test_hashes_are_the_same_in_every_process():
 
     t = [0, 1, 2**31 - 1, 2**40, 150_000] * 8
     code = f"from orchestrator.kv.hashing import block_hashes; print(block_hashes({t!r}, {BS}))"
-    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                           env={"PYTHONHASHSEED": "12345", "PATH": ""}, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+    other = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONHASHSEED": "12345", "PATH": ""},
+        cwd=str(__import__("pathlib").Path(__file__).parents[2]),
+    )
     assert other.stdout.strip() == str(block_hashes(t, BS)) == str(block_hashes(tuple(t), BS))
     assert len(set(block_hashes(list(range(4000)), 32))) == 125
 

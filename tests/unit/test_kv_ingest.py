@@ -16,7 +16,7 @@ def batch(seq, *events):
 
 
 def store(names, start, parent=None):
-    return BlockStored(tuple(names), parent, T[start * BS:(start + len(names)) * BS], BS)
+    return BlockStored(tuple(names), parent, T[start * BS : (start + len(names)) * BS], BS)
 
 
 def held(ingest, replica):
@@ -37,7 +37,10 @@ def test_listening_late_asks_for_the_history_first():
     assert out.action is Action.REPLAY and out.replay_from == 0
     for seq in range(5):  # what the replay returns
         parent = f"e{seq - 1}" if seq else None
-        assert ing.on_batch("a", batch(seq, store([f"e{seq}"], seq, parent=parent)), can_replay=False).action is Action.APPLIED
+        assert (
+            ing.on_batch("a", batch(seq, store([f"e{seq}"], seq, parent=parent)), can_replay=False).action
+            is Action.APPLIED
+        )
     assert ing.on_batch("a", late, can_replay=False).action is Action.APPLIED
     assert held(ing, "a") == 6
 

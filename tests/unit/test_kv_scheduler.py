@@ -10,9 +10,8 @@ import pytest
 from orchestrator.config import RoutingConfig
 from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats
 from orchestrator.kv.events import BlockStored
-from orchestrator.kv.hashing import block_hashes
-from orchestrator.pools import ReplicaView
 from orchestrator.messages import EngineRequest, SamplingSpec
+from orchestrator.pools import ReplicaView
 from orchestrator.routing.base import RouteKind, RouteReason
 from orchestrator.routing.cost import pick, replica_cost
 from orchestrator.routing.kv_scheduler import KvAwareScheduler
@@ -39,8 +38,9 @@ def request(tokens, rid="r"):
 
 def views(*ids, capacity=None, usage=None):
     info = EngineInfo(EngineRole.DECODE, "vllm", "x", "e", "m", BS, 4096, "h", kv_capacity_blocks=capacity)
-    return [ReplicaView(i, info=info, stats=EngineStats(kv_cache_usage=usage.get(i, 0.0)) if usage else None)
-            for i in ids]
+    return [
+        ReplicaView(i, info=info, stats=EngineStats(kv_cache_usage=usage.get(i, 0.0)) if usage else None) for i in ids
+    ]
 
 
 def scheduler(clock=None, **routing):
@@ -50,7 +50,9 @@ def scheduler(clock=None, **routing):
 def hold(sched, replica, tokens):
     """The replica's engine reports the prompt's full blocks as stored."""
     n = len(tokens) // BS
-    sched.index.apply(replica, [BlockStored(tuple(f"{replica}-{i}" for i in range(n)), None, tuple(tokens[: n * BS]), BS)])
+    sched.index.apply(
+        replica, [BlockStored(tuple(f"{replica}-{i}" for i in range(n)), None, tuple(tokens[: n * BS]), BS)]
+    )
 
 
 # -- the cost function, hand-computed ------------------------------------------------
@@ -88,7 +90,9 @@ def test_load_outweighs_a_small_overlap():
     shared = prompt(32)  # 2 blocks
     hold(s, "d1", shared)
     # d1's engine reports 50% of 100 blocks in use: 50 blocks of decode load > 2 blocks of credit.
-    route = s.route_request(request(shared + prompt(64, seed=3)), [], views("d0", "d1", capacity=100, usage={"d1": 0.5}))
+    route = s.route_request(
+        request(shared + prompt(64, seed=3)), [], views("d0", "d1", capacity=100, usage={"d1": 0.5})
+    )
     assert route.decode_replica == "d0"
 
 

@@ -18,8 +18,11 @@ PACKAGES = ("orchestrator", "deployments", "tools", "benchmarks")
 ENGINE_LIB_USERS = {
     # vllm_plugin.py is the vLLM adapter's half that vLLM loads into its own engine processes;
     # scheduler_cost.py times vLLM's own KV event classes against our decoder.
-    "vllm": {"orchestrator/engines/vllm_engine.py", "orchestrator/engines/vllm_plugin.py",
-             "benchmarks/scheduler_cost.py"},
+    "vllm": {
+        "orchestrator/engines/vllm_engine.py",
+        "orchestrator/engines/vllm_plugin.py",
+        "benchmarks/scheduler_cost.py",
+    },
     "sglang": {"orchestrator/engines/sglang_engine.py"},
     # tiny_model.py writes the tiny test model's weights (torch + transformers); it runs no engine.
     "torch": {"orchestrator/tiny_model.py"},
@@ -123,17 +126,23 @@ def test_no_dispatch_on_engine_kind_outside_the_registry():
     """What differs between engine kinds is a field of their EngineAdapter
     (orchestrator/engines/adapter.py), found through the registry."""
     allowed = {REGISTRY, *KIND_COMPARISONS_ALLOWED}
-    sites = [f"{name}:{line}" for path in _sources() if (name := str(path.relative_to(ROOT))) not in allowed
-             for line in _kind_dispatch_lines(path.read_text())]
+    sites = [
+        f"{name}:{line}"
+        for path in _sources()
+        if (name := str(path.relative_to(ROOT))) not in allowed
+        for line in _kind_dispatch_lines(path.read_text())
+    ]
     assert sites == []
 
 
 def test_the_dispatch_scan_finds_comparisons_and_match_cases():
-    source = ("if kind == 'vllm': pass\n"
-              "if k in ('sim', 'x'): pass\n"
-              "match k:\n"
-              "    case 'sglang': pass\n"
-              "if kind == 'other' or engine == {'kind': 'vllm'}['kind']: pass\n")
+    source = (
+        "if kind == 'vllm': pass\n"
+        "if k in ('sim', 'x'): pass\n"
+        "match k:\n"
+        "    case 'sglang': pass\n"
+        "if kind == 'other' or engine == {'kind': 'vllm'}['kind']: pass\n"
+    )
     assert _kind_dispatch_lines(source) == [1, 2, 4]
 
 
@@ -154,29 +163,49 @@ def test_each_layer_imports_only_the_layers_below_it():
         "deployments": {"tools", "benchmarks"},
         "tools": {"deployments", "benchmarks"},
     }
-    leaks = {f"{path}: {sorted(names & forbidden[package])}" for package in forbidden
-             for path, names in _imports_of(package).items() if names & forbidden[package]}
+    leaks = {
+        f"{path}: {sorted(names & forbidden[package])}"
+        for package in forbidden
+        for path, names in _imports_of(package).items()
+        if names & forbidden[package]
+    }
     assert leaks == set()
 
 
 # The frontend's parts and where they may be constructed: orchestrator/frontend.py and
 # build_routing assemble them for the Serve deployment, the sim server and the simulator.
-ASSEMBLED_PARTS = {"KVIndex", "KVEventIngest", "make_scheduler", "ShapeRouter", "RequestPath",
-                   "CompletionService", "KVEventSubscriber"}
-ASSEMBLERS = {"orchestrator/frontend.py", "orchestrator/routing/__init__.py",
-              # a scheduler made without an index makes its own (unit tests of the scheduler alone)
-              "orchestrator/routing/kv_scheduler.py",
-              # times the index and its ingest in isolation
-              "benchmarks/scheduler_cost.py"}
+ASSEMBLED_PARTS = {
+    "KVIndex",
+    "KVEventIngest",
+    "make_scheduler",
+    "ShapeRouter",
+    "RequestPath",
+    "CompletionService",
+    "KVEventSubscriber",
+}
+ASSEMBLERS = {
+    "orchestrator/frontend.py",
+    "orchestrator/routing/__init__.py",
+    # a scheduler made without an index makes its own (unit tests of the scheduler alone)
+    "orchestrator/routing/kv_scheduler.py",
+    # times the index and its ingest in isolation
+    "benchmarks/scheduler_cost.py",
+}
 
 
 def test_the_frontend_is_assembled_in_one_place():
     def constructed(path: Path) -> set[str]:
-        return {node.func.id for node in ast.walk(ast.parse(path.read_text()))
-                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ASSEMBLED_PARTS}
+        return {
+            node.func.id
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ASSEMBLED_PARTS
+        }
 
-    sites = {name: sorted(parts) for path in _sources()
-             if (name := str(path.relative_to(ROOT))) not in ASSEMBLERS and (parts := constructed(path))}
+    sites = {
+        name: sorted(parts)
+        for path in _sources()
+        if (name := str(path.relative_to(ROOT))) not in ASSEMBLERS and (parts := constructed(path))
+    }
     assert sites == {}
 
 

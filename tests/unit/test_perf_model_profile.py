@@ -7,8 +7,9 @@ import pytest
 from orchestrator.sim.perf_model import Batch, ProfileModel
 
 PREFILL = [(100, 0.012), (1000, 0.102)]  # 2 ms fixed + 0.1 ms a token
-DECODE = {b: [(100, 0.002 + 0.0001 * b + 1e-7 * b * 100), (1000, 0.002 + 0.0001 * b + 1e-7 * b * 1000)]
-          for b in (1, 4, 16)}
+DECODE = {
+    b: [(100, 0.002 + 0.0001 * b + 1e-7 * b * 100), (1000, 0.002 + 0.0001 * b + 1e-7 * b * 1000)] for b in (1, 4, 16)
+}
 
 
 def test_a_hand_built_profile_keeps_the_old_model():
@@ -38,10 +39,12 @@ def test_decode_fit_recovers_a_linear_engine():
 
 
 def _profile(tmp_path, prefill_batch_s: float, server: dict | None = None):
-    doc = {"prefill": [{"tokens": t, "seconds": s} for t, s in PREFILL],
-           "prefill_batch": [{"batch": 4, "tokens": 100, "seconds": prefill_batch_s}],
-           "decode": [{"batch": b, "context": c, "step_seconds": s} for b, pts in DECODE.items() for c, s in pts],
-           "server": server or {"request_overhead_s": 0.007}}
+    doc = {
+        "prefill": [{"tokens": t, "seconds": s} for t, s in PREFILL],
+        "prefill_batch": [{"batch": 4, "tokens": 100, "seconds": prefill_batch_s}],
+        "decode": [{"batch": b, "context": c, "step_seconds": s} for b, pts in DECODE.items() for c, s in pts],
+        "server": server or {"request_overhead_s": 0.007},
+    }
     path = tmp_path / "p.json"
     path.write_text(json.dumps(doc))
     return ProfileModel.load(path)
@@ -71,8 +74,10 @@ def test_a_prefill_cost_shared_beyond_a_decode_step_is_not_charged_to_decode_ste
 
 
 def test_without_prefill_batches_the_fixed_cost_is_the_decode_step_of_nothing(tmp_path):
-    doc = {"prefill": [{"tokens": t, "seconds": s} for t, s in PREFILL],
-           "decode": [{"batch": b, "context": c, "step_seconds": s} for b, pts in DECODE.items() for c, s in pts]}
+    doc = {
+        "prefill": [{"tokens": t, "seconds": s} for t, s in PREFILL],
+        "decode": [{"batch": b, "context": c, "step_seconds": s} for b, pts in DECODE.items() for c, s in pts],
+    }
     path = tmp_path / "p.json"
     path.write_text(json.dumps(doc))
     assert ProfileModel.load(path).step_fixed_s == pytest.approx(0.0021)
@@ -85,7 +90,9 @@ def test_a_step_with_prompts_and_decodes_pays_what_the_mixed_points_measured_bey
     mixed_step = m.step_time(Batch(prefill=((100, 0),), decode_contexts=(100,) * 4))
     wait = m.decode_time(4, 100) / 2
     doc = json.loads((tmp_path / "p.json").read_text())
-    doc["mixed"] = [{"batch": 4, "context": 100, "tokens": 100, "seconds": mixed_step + wait + x} for x in (0.001, 0.003, 0.003)]
+    doc["mixed"] = [
+        {"batch": 4, "context": 100, "tokens": 100, "seconds": mixed_step + wait + x} for x in (0.001, 0.003, 0.003)
+    ]
     (tmp_path / "p.json").write_text(json.dumps(doc))
     mixed = ProfileModel.load(tmp_path / "p.json")
     assert mixed.mixed_extra_s == pytest.approx(0.003)
@@ -104,8 +111,15 @@ def test_a_mixed_point_is_judged_against_its_prompt_timed_alone_around_it_not_th
     mixed_step = m.step_time(Batch(prefill=((100, 0),), decode_contexts=(100,) * 4))
     wait = m.decode_time(4, 100) / 2
     doc = json.loads((tmp_path / "p.json").read_text())
-    doc["mixed"] = [{"batch": 4, "context": 100, "tokens": 100, "seconds": mixed_step + wait + 0.007,
-                     "alone_seconds": m.prefill_time(100) + 0.005}]
+    doc["mixed"] = [
+        {
+            "batch": 4,
+            "context": 100,
+            "tokens": 100,
+            "seconds": mixed_step + wait + 0.007,
+            "alone_seconds": m.prefill_time(100) + 0.005,
+        }
+    ]
     (tmp_path / "p.json").write_text(json.dumps(doc))
     assert ProfileModel.load(tmp_path / "p.json").mixed_extra_s == pytest.approx(0.002)
 
@@ -114,8 +128,12 @@ def test_a_scaled_model_is_the_same_engine_that_much_slower(tmp_path):
     m = _profile(tmp_path, 0.036)
     m.mixed_extra_s = 0.001
     slow = m.scaled(1.5)
-    for batch in (Batch(prefill=((100, 0),)), Batch(prefill=((500, 0),) * 3), Batch(decode_contexts=(300,) * 8),
-                  Batch(prefill=((200, 0),), decode_contexts=(100,) * 4)):
+    for batch in (
+        Batch(prefill=((100, 0),)),
+        Batch(prefill=((500, 0),) * 3),
+        Batch(decode_contexts=(300,) * 8),
+        Batch(prefill=((200, 0),), decode_contexts=(100,) * 4),
+    ):
         assert slow.step_time(batch) == pytest.approx(1.5 * m.step_time(batch))
     assert slow.request_overhead_s == pytest.approx(1.5 * m.request_overhead_s)
     busy = _profile(tmp_path, 0.036, {"request_overhead_s": 0.007, "request_overhead_busy_s": 0.016})

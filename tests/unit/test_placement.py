@@ -15,23 +15,39 @@ from orchestrator.placement import check_layout, replica_bundles
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def gpu_app(prefill_tp: int = 4, prefill_replicas: int = 2, decode_tp: int = 8, decode_replicas: int = 1,
-            nodes: int | None = 2, engine: str = "vllm", **extra) -> AppConfig:
+def gpu_app(
+    prefill_tp: int = 4,
+    prefill_replicas: int = 2,
+    decode_tp: int = 8,
+    decode_replicas: int = 1,
+    nodes: int | None = 2,
+    engine: str = "vllm",
+    **extra,
+) -> AppConfig:
     def pool(tp: int, replicas: int) -> dict:
         eng = {"kind": engine, "tensor_parallel_size": tp}
         if engine == "vllm":
             eng["device"] = "cuda"
         return {"replicas": replicas, "num_cpus": 4, "engine": eng}
 
-    return AppConfig.model_validate({
-        "model": {"name": "m", "source": "org/m", "max_model_len": 4096},
-        "prefill_pool": pool(prefill_tp, prefill_replicas), "decode_pool": pool(decode_tp, decode_replicas),
-        "cluster": {"gpus_per_node": 8, "nodes": nodes}, **extra})
+    return AppConfig.model_validate(
+        {
+            "model": {"name": "m", "source": "org/m", "max_model_len": 4096},
+            "prefill_pool": pool(prefill_tp, prefill_replicas),
+            "decode_pool": pool(decode_tp, decode_replicas),
+            "cluster": {"gpus_per_node": 8, "nodes": nodes},
+            **extra,
+        }
+    )
 
 
 def test_a_replica_gets_one_bundle_per_rank_with_the_actor_in_the_first():
     assert replica_bundles(4, 4, {"h100_node": 1}) == [
-        {"CPU": 4, "GPU": 1.0, "h100_node": 1}, {"GPU": 1.0}, {"GPU": 1.0}, {"GPU": 1.0}]
+        {"CPU": 4, "GPU": 1.0, "h100_node": 1},
+        {"GPU": 1.0},
+        {"GPU": 1.0},
+        {"GPU": 1.0},
+    ]
     assert replica_bundles(1, 0, {}) == [{"CPU": 1, "GPU": 0.0}]
 
 
@@ -76,9 +92,12 @@ def test_the_planner_s_max_replicas_count_against_the_cluster():
 
 def test_tensor_parallel_needs_cuda():
     with pytest.raises(ValidationError, match="tensor_parallel_size > 1 needs device cuda"):
-        AppConfig.model_validate({
-            "model": {"name": "m", "source": "org/m", "max_model_len": 4096},
-            "decode_pool": {"engine": {"kind": "vllm", "device": "cpu", "tensor_parallel_size": 2}}})
+        AppConfig.model_validate(
+            {
+                "model": {"name": "m", "source": "org/m", "max_model_len": 4096},
+                "decode_pool": {"engine": {"kind": "vllm", "device": "cpu", "tensor_parallel_size": 2}},
+            }
+        )
 
 
 def _pool_deployments(config: AppConfig) -> dict:

@@ -10,21 +10,32 @@ import pytest
 from orchestrator.config import PlannerConfig, PoolBounds, SlaConfig
 from orchestrator.planner.capacity import decode_batch_limit, decode_capacity, prefill_capacity, prefill_service_s
 from orchestrator.planner.planner import Observation, SlaPlanner
-from orchestrator.planner.predictors import (ConstantPredictor, KalmanTrendPredictor, MovingAveragePredictor,
-                                             SeasonalPredictor)
+from orchestrator.planner.predictors import (
+    ConstantPredictor,
+    KalmanTrendPredictor,
+    MovingAveragePredictor,
+    SeasonalPredictor,
+)
 from orchestrator.sim.perf_model import ProfileModel
 
 # A hand-made profile: prefill 1 ms per 10 tokens; a decode step 10 ms + 1 ms per sequence.
-PROFILE = ProfileModel(prefill_points=[(100, 0.01), (10_000, 1.0)],
-                       decode_points={1: [(100, 0.011), (10_000, 0.011)], 101: [(100, 0.111), (10_000, 0.111)]},
-                       kv_bytes=1)
+PROFILE = ProfileModel(
+    prefill_points=[(100, 0.01), (10_000, 1.0)],
+    decode_points={1: [(100, 0.011), (10_000, 0.011)], 101: [(100, 0.111), (10_000, 0.111)]},
+    kv_bytes=1,
+)
 SLA = SlaConfig(ttft_p99_ms=600, itl_p50_ms=30)
 
 
 def planner(**cfg) -> SlaPlanner:
     cfg = {"decode_utilization": 1.0} | cfg  # whole batches, for round numbers
-    config = PlannerConfig(mode="advisory", predictor="constant", prefill=PoolBounds(min_replicas=1, max_replicas=20),
-                           decode=PoolBounds(min_replicas=1, max_replicas=20), **cfg)
+    config = PlannerConfig(
+        mode="advisory",
+        predictor="constant",
+        prefill=PoolBounds(min_replicas=1, max_replicas=20),
+        decode=PoolBounds(min_replicas=1, max_replicas=20),
+        **cfg,
+    )
     return SlaPlanner(config, SLA, PROFILE, kv_capacity_tokens=None, max_num_seqs=256)
 
 
@@ -89,10 +100,12 @@ def test_scale_down_goes_to_the_busiest_ask_of_the_window():
 
 def test_a_gpu_budget_serves_the_priority_pool_first():
     d = planner(max_gpus=7, budget_priority="decode").step(
-        Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200))
+        Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200)
+    )
     assert (d.prefill, d.decode) == (1, 6) and "budget" in d.reason
     d = planner(max_gpus=7, budget_priority="prefill").step(
-        Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200))
+        Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200)
+    )
     assert (d.prefill, d.decode) == (3, 4)
 
 
@@ -107,8 +120,9 @@ def test_a_missed_target_raises_the_correction_and_the_count():
 
 
 def test_aggregated_serving_sizes_one_pool_for_both_phases():
-    config = PlannerConfig(mode="advisory", predictor="constant", decode=PoolBounds(max_replicas=20),
-                           decode_utilization=1.0)
+    config = PlannerConfig(
+        mode="advisory", predictor="constant", decode=PoolBounds(max_replicas=20), decode_utilization=1.0
+    )
     p = SlaPlanner(config, SLA, PROFILE, kv_capacity_tokens=None, disaggregated=False)
     d = p.step(Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200))
     assert (d.prefill, d.decode) == (0, 9)

@@ -16,17 +16,24 @@ from orchestrator.planner.planner import Observation, SlaPlanner
 from orchestrator.planner.predictors import KalmanTrendPredictor, SeasonalPredictor
 from orchestrator.sim.perf_model import ProfileModel
 
-PROFILE = ProfileModel(prefill_points=[(100, 0.01), (10_000, 1.0)],
-                       decode_points={1: [(100, 0.011), (10_000, 0.011)], 101: [(100, 0.111), (10_000, 0.111)]},
-                       kv_bytes=1)
+PROFILE = ProfileModel(
+    prefill_points=[(100, 0.01), (10_000, 1.0)],
+    decode_points={1: [(100, 0.011), (10_000, 0.011)], 101: [(100, 0.111), (10_000, 0.111)]},
+    kv_bytes=1,
+)
 SLA = SlaConfig(ttft_p99_ms=600, itl_p50_ms=30)
 LOAD = dict(interval_s=10, requests=200, mean_isl=1000, mean_osl=200)  # 20k prompt tokens/s: 3 prefill, 6 decode
 
 
 def planner(predictor: str = "constant", **config_fields) -> SlaPlanner:
-    config = PlannerConfig(mode="advisory", predictor=predictor, decode_utilization=1.0,
-                           prefill=PoolBounds(min_replicas=1, max_replicas=20),
-                           decode=PoolBounds(min_replicas=1, max_replicas=20), **config_fields)
+    config = PlannerConfig(
+        mode="advisory",
+        predictor=predictor,
+        decode_utilization=1.0,
+        prefill=PoolBounds(min_replicas=1, max_replicas=20),
+        decode=PoolBounds(min_replicas=1, max_replicas=20),
+        **config_fields,
+    )
     return SlaPlanner(config, SLA, PROFILE, kv_capacity_tokens=None, max_num_seqs=256)
 
 
@@ -156,8 +163,10 @@ def test_an_oracle_forecast_is_taken_like_a_prediction():
     # The larger of each: rate 20/s (first), ISL 1500 and OSL 300 (second). Prefill: 1500 tokens take 150 ms,
     # rho_max = 2(0.2 - 0.15)/(0.4 - 0.15) = 0.4 -> 4000 tokens/s a replica; 30k / 4000 = 7.5 -> 8.
     # Decode: 20 x 300 = 6000 / 666.7 = 9.
-    forecast = [Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=100),
-                Observation(interval_s=10, requests=100, mean_isl=1500, mean_osl=300)]
+    forecast = [
+        Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=100),
+        Observation(interval_s=10, requests=100, mean_isl=1500, mean_osl=300),
+    ]
     d = planner().step(Observation(interval_s=10, requests=0), forecast)
     assert (d.predicted_rate, d.predicted_isl, d.predicted_osl) == (20, 1500, 300)
     assert (d.prefill, d.decode) == (8, 9)

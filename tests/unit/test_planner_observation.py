@@ -27,20 +27,25 @@ def _requests(n: int, seed: int = 0) -> list[RequestSpec]:
     specs = []
     for i in range(n):
         isl = rng.choice([64, 3000])  # short ones prefilled on the decode replica, long ones remotely
-        specs.append(RequestSpec(tuple(rng.randrange(100, 30000) for _ in range(isl)), rng.randrange(5, 60),
-                                 arrival_s=i * 9.0 / n))
+        specs.append(
+            RequestSpec(
+                tuple(rng.randrange(100, 30000) for _ in range(isl)), rng.randrange(5, 60), arrival_s=i * 9.0 / n
+            )
+        )
     return specs
 
 
 def _simulated_interval():
-    spec = ClusterSpec(1, 2, num_blocks=20_000, routing=RoutingConfig(local_prefill_max_tokens=512),
-                       report_span_s=INTERVAL_S)
+    spec = ClusterSpec(
+        1, 2, num_blocks=20_000, routing=RoutingConfig(local_prefill_max_tokens=512), report_span_s=INTERVAL_S
+    )
     sim = ClusterSim(spec, roofline("H100", "llama-3.1-8b"), LINKS["infiniband"])
     seen = {}
 
     def at_interval_end(sim: ClusterSim) -> None:
-        seen.update(prefill=sim.reports("prefill"), decode=sim.reports("decode"),
-                    observation=sim.observation(INTERVAL_S))
+        seen.update(
+            prefill=sim.reports("prefill"), decode=sim.reports("decode"), observation=sim.observation(INTERVAL_S)
+        )
 
     sim.every(INTERVAL_S, at_interval_end, INTERVAL_S)
     sim.run(_requests(40))
@@ -52,8 +57,9 @@ def test_simulated_replicas_report_what_their_requests_did():
     prefill, decode = seen["prefill"], seen["decode"]
     assert len(prefill) == 1 and len(decode) == 2
     assert sum(r.arrival_rate for r in decode) * INTERVAL_S == 40  # every request reaches a decode replica
-    assert prefill[0].arrival_rate * INTERVAL_S == pytest.approx(sum(1 for r in _requests(40)
-                                                                      if len(r.prompt_token_ids) > 512))
+    assert prefill[0].arrival_rate * INTERVAL_S == pytest.approx(
+        sum(1 for r in _requests(40) if len(r.prompt_token_ids) > 512)
+    )
     assert all(r.first_token_p99_s is not None and r.itl_p50_s is not None for r in decode)
     assert prefill[0].itl_p50_s is None and prefill[0].mean_osl == 0  # a prefill replica streams no tokens
 
@@ -63,8 +69,13 @@ def _ctx(pool_reports: list[ReplicaReport], now: float):
     for i, report in enumerate(pool_reports):
         for name, value in report.to_metrics().items():
             metrics.setdefault(name, {})[f"replica-{i}"] = value
-    return SimpleNamespace(app_name="same-reports", current_time=now, aggregated_metrics=metrics,
-                           current_num_replicas=len(pool_reports), target_num_replicas=len(pool_reports))
+    return SimpleNamespace(
+        app_name="same-reports",
+        current_time=now,
+        aggregated_metrics=metrics,
+        current_num_replicas=len(pool_reports),
+        target_num_replicas=len(pool_reports),
+    )
 
 
 def test_the_serve_policy_and_the_simulator_build_the_same_observation_from_the_same_reports():
@@ -80,7 +91,15 @@ def test_the_serve_policy_and_the_simulator_build_the_same_observation_from_the_
 
 
 def test_a_report_survives_serves_flat_metrics():
-    report = ReplicaReport(arrival_rate=2.5, mean_isl=100.0, first_token_p99_s=None, itl_p50_s=0.01,
-                           peak_window_s=2.0, peak_prompt_tps=50.0, bucket_now=7.0, buckets=(100.0, 0.0, 30.0))
+    report = ReplicaReport(
+        arrival_rate=2.5,
+        mean_isl=100.0,
+        first_token_p99_s=None,
+        itl_p50_s=0.01,
+        peak_window_s=2.0,
+        peak_prompt_tps=50.0,
+        bucket_now=7.0,
+        buckets=(100.0, 0.0, 30.0),
+    )
     assert ReplicaReport.from_metrics(report.to_metrics()) == report
     assert report.to_metrics()["first_token_p99_s"] == -1.0

@@ -70,9 +70,14 @@ def test_a_span_shorter_than_a_bucket_reports_one_bucket():
 
 def report(bucket_now: int, counts: list[float], w: float = 2.0, n: int | None = None) -> ReplicaReport:
     n = len(counts) - 1 if n is None else n
-    return ReplicaReport.from_metrics({"bucket_now": float(bucket_now), "peak_window_s": w,
-                                       "peak_prompt_tps": max(counts[:n]) / w,
-                                       **{f"{BUCKET_KEY}{j}": float(c) for j, c in enumerate(counts, start=1)}})
+    return ReplicaReport.from_metrics(
+        {
+            "bucket_now": float(bucket_now),
+            "peak_window_s": w,
+            "peak_prompt_tps": max(counts[:n]) / w,
+            **{f"{BUCKET_KEY}{j}": float(c) for j, c in enumerate(counts, start=1)},
+        }
+    )
 
 
 def test_the_pool_peak_adds_the_replicas_bucket_by_bucket():
@@ -98,8 +103,13 @@ def test_replicas_whose_reports_straddle_a_boundary_line_up_on_the_shared_clock(
 def test_the_pool_peak_from_two_windows_on_one_clock():
     clock = Clock(0.0)
     one, two = window(clock, span_s=4), window(clock, span_s=4)  # n = 2 buckets of 2 s
-    for w, at, tokens in ((one, 100.2, 500), (two, 101.0, 700), (one, 102.5, 300), (two, 103.5, 100),
-                          (one, 104.0, 5000)):
+    for w, at, tokens in (
+        (one, 100.2, 500),
+        (two, 101.0, 700),
+        (one, 102.5, 300),
+        (two, 103.5, 100),
+        (one, 104.0, 5000),
+    ):
         arrive(w, clock, at, tokens)
     clock.t = 104.3
     first = one.report()  # bucket 52: its buckets 51 = 300, 50 = 500 (the 5000 tokens in 52 not yet complete)

@@ -10,26 +10,55 @@ from deployments.planner_policy import SlaPlannerPolicy
 
 def app_args(mode: str = "act", app_name: str = "a") -> dict:
     engine = {"kind": "sim", "gpu": "H100", "model": "llama-3.1-8b"}
-    return {"model": {"name": "m", "source": "/models/m", "max_model_len": 32768},
-            "prefill_pool": {"replicas": 1, "engine": engine}, "decode_pool": {"replicas": 1, "engine": engine},
-            "sla": {"ttft_p99_ms": 500, "itl_p50_ms": 30},
-            "planner": {"mode": mode, "interval_s": 10, "predictor": "constant",
-                        "prefill": {"max_replicas": 8}, "decode": {"max_replicas": 8}}}
+    return {
+        "model": {"name": "m", "source": "/models/m", "max_model_len": 32768},
+        "prefill_pool": {"replicas": 1, "engine": engine},
+        "decode_pool": {"replicas": 1, "engine": engine},
+        "sla": {"ttft_p99_ms": 500, "itl_p50_ms": 30},
+        "planner": {
+            "mode": mode,
+            "interval_s": 10,
+            "predictor": "constant",
+            "prefill": {"max_replicas": 8},
+            "decode": {"max_replicas": 8},
+        },
+    }
 
 
 def ctx(app: str, now: float, metrics: dict, replicas: int = 1):
-    return SimpleNamespace(app_name=app, current_time=now, aggregated_metrics=metrics,
-                           current_num_replicas=replicas, target_num_replicas=replicas)
+    return SimpleNamespace(
+        app_name=app,
+        current_time=now,
+        aggregated_metrics=metrics,
+        current_num_replicas=replicas,
+        target_num_replicas=replicas,
+    )
 
 
 def replica_metrics(**values) -> dict:
     return {k: {"r1": v} for k, v in values.items()}
 
 
-DECODE = replica_metrics(arrival_rate=20.0, mean_isl=4000.0, mean_osl=50.0, prompt_tokens=80000.0, cached_tokens=0.0,
-                         first_token_p99_s=0.02, itl_p50_s=0.01, waiting=0.0)
-PREFILL = replica_metrics(arrival_rate=20.0, mean_isl=4000.0, mean_osl=0.0, prompt_tokens=80000.0, cached_tokens=0.0,
-                          first_token_p99_s=0.2, itl_p50_s=-1.0, waiting=3.0)
+DECODE = replica_metrics(
+    arrival_rate=20.0,
+    mean_isl=4000.0,
+    mean_osl=50.0,
+    prompt_tokens=80000.0,
+    cached_tokens=0.0,
+    first_token_p99_s=0.02,
+    itl_p50_s=0.01,
+    waiting=0.0,
+)
+PREFILL = replica_metrics(
+    arrival_rate=20.0,
+    mean_isl=4000.0,
+    mean_osl=0.0,
+    prompt_tokens=80000.0,
+    cached_tokens=0.0,
+    first_token_p99_s=0.2,
+    itl_p50_s=-1.0,
+    waiting=3.0,
+)
 
 
 def run(args: dict, app: str) -> list[tuple[int, int]]:
@@ -53,8 +82,8 @@ def test_advisory_mode_decides_but_changes_nothing():
     assert run(app_args("advisory"), "advisory-app") == [(1, 1)] * 4
 
 
-
 # -- the observations read from each replica's latest report --------------------------------------------------------
+
 
 def series(*points: tuple[float, float]) -> list:
     return [SimpleNamespace(timestamp=t, value=v) for t, v in points]
@@ -65,16 +94,21 @@ def raw_ctx(app: str, now: float, aggregated: dict, raw: dict, replicas: int):
 
 
 def bucket_report(bucket_now: float, counts: list[float]) -> dict[str, float]:
-    return {"bucket_now": bucket_now, "peak_window_s": 2.0, "peak_prompt_tps": max(counts[:-1]) / 2,
-            **{f"prompt_tokens_bucket_{j}": c for j, c in enumerate(counts, start=1)}}
+    return {
+        "bucket_now": bucket_now,
+        "peak_window_s": 2.0,
+        "peak_prompt_tps": max(counts[:-1]) / 2,
+        **{f"prompt_tokens_bucket_{j}": c for j, c in enumerate(counts, start=1)},
+    }
 
 
 def test_queued_prompt_tokens_and_the_pool_peak_come_from_the_latest_reports():
     from deployments.registries import coordinator
 
     # Prefill: two replicas, queued prompt tokens 9000 / 6000 a second ago, 3000 / 1500 now.
-    prefill_raw = {"queued_prompt_tokens": {"p1": series((99.0, 9000), (100.0, 3000)),
-                                            "p2": series((99.5, 6000), (100.5, 1500))}}
+    prefill_raw = {
+        "queued_prompt_tokens": {"p1": series((99.0, 9000), (100.0, 3000)), "p2": series((99.5, 6000), (100.5, 1500))}
+    }
     prefill_agg = {**PREFILL, "queued_prompt_tokens": {"p1": 9000.0, "p2": 6000.0}}  # Serve's max over its look-back
     # Decode: in 2 s buckets, d1 had 1000 prompt tokens in bucket 51 and d2 800 in bucket 50 (both reporting
     # in bucket 52): the pool peaked at 1000 tokens / 2 s = 500/s; the replicas' own peaks add up to 900/s.

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import pytest
 
 from tests.virtual_time import run_virtual
-
 from tools.profile import _cache_config, _Prompts, measure_decode, measure_mixed
 
 
@@ -71,8 +70,9 @@ def test_mixed_point_is_a_prompts_ttft_while_the_batch_decodes_beside_it_alone_a
     engine = _MixingEngine(step_s=0.002, prefill_s=0.01, mixed_s=0.03)
 
     async def measure():
-        mixed, alone = await measure_mixed(engine, _Prompts(vocab_size=100, seed=0), batch=3, context=16, isl=8,
-                                           repeats=2)
+        mixed, alone = await measure_mixed(
+            engine, _Prompts(vocab_size=100, seed=0), batch=3, context=16, isl=8, repeats=2
+        )
         return mixed, alone, engine.decoding
 
     mixed, alone, still_decoding = run_virtual(measure())
@@ -82,9 +82,11 @@ def test_mixed_point_is_a_prompts_ttft_while_the_batch_decodes_beside_it_alone_a
 
 
 def test_cache_config_labels_come_from_vllms_info_gauge():
-    text = ('# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n'
-            '# TYPE vllm:cache_config_info gauge\n'
-            'vllm:cache_config_info{block_size="32",enable_prefix_caching="True",num_gpu_blocks="16384"} 1.0\n')
+    text = (
+        "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+        "# TYPE vllm:cache_config_info gauge\n"
+        'vllm:cache_config_info{block_size="32",enable_prefix_caching="True",num_gpu_blocks="16384"} 1.0\n'
+    )
     labels = _cache_config(text)
     assert (labels["block_size"], labels["num_gpu_blocks"]) == ("32", "16384")
     assert _cache_config("# nothing here\n") == {}
@@ -123,8 +125,9 @@ def test_server_cost_is_the_served_ttft_beyond_the_same_engine_in_process_idle_a
 
     # Through the server: 4 ms more when idle, 10 ms more while other requests stream.
     engine, served = _Recording("engine", 0.010, 0.020), _Recording("served", 0.014, 0.030)
-    cost = run_virtual(measure_server_cost(engine, served, _Prompts(vocab_size=100, seed=0), isl=8, streams=[1, 3],
-                                           repeats=2))
+    cost = run_virtual(
+        measure_server_cost(engine, served, _Prompts(vocab_size=100, seed=0), isl=8, streams=[1, 3], repeats=2)
+    )
     assert cost["request_overhead_s"] == pytest.approx(0.004, rel=1e-9)
     assert cost["request_overhead_busy_s"] == pytest.approx(0.010, rel=1e-9)
     assert [p["streams"] for p in cost["points"]] == [1, 3, 1, 3]

@@ -9,8 +9,10 @@ from benchmarks.ray_autoscaler import RayDefaultPolicy
 
 
 def _policy(**config) -> RayDefaultPolicy:
-    return RayDefaultPolicy(AutoscalingConfig(**{"min_replicas": 1, "max_replicas": 8,
-                                                 "target_ongoing_requests": 2, **config}), "decode_pool")
+    return RayDefaultPolicy(
+        AutoscalingConfig(**{"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 2, **config}),
+        "decode_pool",
+    )
 
 
 def test_scale_up_waits_for_the_upscale_delay_then_follows_ongoing_over_target():

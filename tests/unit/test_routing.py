@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from orchestrator.pools import ReplicaView
 from orchestrator.messages import EngineRequest, SamplingSpec
+from orchestrator.pools import ReplicaView
 from orchestrator.routing.base import RouteKind
 from orchestrator.routing.round_robin import RoundRobinScheduler
 

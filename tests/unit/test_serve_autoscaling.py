@@ -21,8 +21,13 @@ def _decode_deployment(config):
 
 
 def test_a_pool_can_use_serve_s_default_autoscaler():
-    config = shipped_config(SIM, "/models/x", decode_pool__replicas=2, frontend__data_plane="serve",
-                            decode_pool__autoscaling={"max_replicas": 6})
+    config = shipped_config(
+        SIM,
+        "/models/x",
+        decode_pool__replicas=2,
+        frontend__data_plane="serve",
+        decode_pool__autoscaling={"max_replicas": 6},
+    )
     autoscaling = _decode_deployment(config)._deployment_config.autoscaling_config
     assert autoscaling.target_ongoing_requests == 2
     assert (autoscaling.min_replicas, autoscaling.initial_replicas, autoscaling.max_replicas) == (1, 2, 6)
@@ -31,8 +36,9 @@ def test_a_pool_can_use_serve_s_default_autoscaler():
 
 def test_serve_autoscaling_and_the_acting_planner_are_exclusive():
     with pytest.raises(ValidationError, match="choose one"):
-        shipped_config(SIM, "/models/x", decode_pool__autoscaling={}, planner__mode="act",
-                       sla__ttft_p99_ms=500, sla__itl_p50_ms=30)
+        shipped_config(
+            SIM, "/models/x", decode_pool__autoscaling={}, planner__mode="act", sla__ttft_p99_ms=500, sla__itl_p50_ms=30
+        )
 
 
 def test_serve_autoscaling_bounds_are_checked():

@@ -62,9 +62,6 @@ from orchestrator.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from orchestrator.kv.hashing import block_hashes
 from orchestrator.kv.index import KVIndex
 from orchestrator.kv.ingest import Action, KVEventIngest, ResyncReason
-from orchestrator.metrics import FrontendMetrics
-from orchestrator.pools import ReplicaView
-from orchestrator.request_path import RequestPath, RequestTrace
 from orchestrator.messages import (
     EngineChunk,
     EngineRequest,
@@ -73,35 +70,69 @@ from orchestrator.messages import (
     PrefillResult,
     SamplingSpec,
 )
+from orchestrator.metrics import FrontendMetrics
+from orchestrator.pools import ReplicaView
+from orchestrator.request_path import RequestPath, RequestTrace
 from orchestrator.routing.base import RouteDecision, RouteKind, RouteReason
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures" / "sglang"
 OUTPUTS = json.loads((FIXTURES / "outputs.json").read_text())
 
-MODEL = ModelConfig(name="llama", source="meta-llama/Llama-3.1-8B-Instruct", max_model_len=16384, dtype="bfloat16",
-                    seed=3)
+MODEL = ModelConfig(
+    name="llama", source="meta-llama/Llama-3.1-8B-Instruct", max_model_len=16384, dtype="bfloat16", seed=3
+)
 KV = KVCacheConfig(block_size=16)
 PROMPT = tuple(range(1, 10))
 
 # What the checks below hand to SGLang's own code.
-ENGINE = SglangEngineConfig(kind="sglang", mem_fraction_static=0.85, chunked_prefill_size=8192, ib_device="mlx5_0",
-                            server_args={"attention_backend": "fa3", "incremental_streaming_output": True,
-                                         "enable_deterministic_inference": True})
+ENGINE = SglangEngineConfig(
+    kind="sglang",
+    mem_fraction_static=0.85,
+    chunked_prefill_size=8192,
+    ib_device="mlx5_0",
+    server_args={
+        "attention_backend": "fa3",
+        "incremental_streaming_output": True,
+        "enable_deterministic_inference": True,
+    },
+)
 PORTS = EnginePorts(server=31000, bootstrap=28999, kv_events=25557, kv_events_replay=25558)
 SERVER_ARGS = {
-    "prefill": server_args_kwargs(EngineSpec(MODEL, KV, ENGINE, EngineRole.PREFILL, "10.0.0.5", NetworkConfig(),
-                                             publish_kv_events=True), PORTS),
-    "decode": server_args_kwargs(EngineSpec(MODEL, KV, ENGINE, EngineRole.DECODE, "10.0.0.6", NetworkConfig()),
-                                 EnginePorts(server=31001)),
-    "aggregated": server_args_kwargs(EngineSpec(MODEL, KVCacheConfig(enable_prefix_caching=False),
-                                                SglangEngineConfig(kind="sglang"), EngineRole.AGGREGATED,
-                                                "10.0.0.7", NetworkConfig()), EnginePorts(server=31002)),
+    "prefill": server_args_kwargs(
+        EngineSpec(MODEL, KV, ENGINE, EngineRole.PREFILL, "10.0.0.5", NetworkConfig(), publish_kv_events=True), PORTS
+    ),
+    "decode": server_args_kwargs(
+        EngineSpec(MODEL, KV, ENGINE, EngineRole.DECODE, "10.0.0.6", NetworkConfig()), EnginePorts(server=31001)
+    ),
+    "aggregated": server_args_kwargs(
+        EngineSpec(
+            MODEL,
+            KVCacheConfig(enable_prefix_caching=False),
+            SglangEngineConfig(kind="sglang"),
+            EngineRole.AGGREGATED,
+            "10.0.0.7",
+            NetworkConfig(),
+        ),
+        EnginePorts(server=31002),
+    ),
 }
 SAMPLING = {
-    "every_field": SamplingSpec(max_tokens=32, temperature=0.5, top_p=0.9, top_k=40, min_p=0.1, seed=7,
-                                stop=("\n\n",), stop_token_ids=(128009,), ignore_eos=True, min_tokens=2,
-                                presence_penalty=0.1, frequency_penalty=0.2, repetition_penalty=1.1),
+    "every_field": SamplingSpec(
+        max_tokens=32,
+        temperature=0.5,
+        top_p=0.9,
+        top_k=40,
+        min_p=0.1,
+        seed=7,
+        stop=("\n\n",),
+        stop_token_ids=(128009,),
+        ignore_eos=True,
+        min_tokens=2,
+        presence_penalty=0.1,
+        frequency_penalty=0.2,
+        repetition_penalty=1.1,
+    ),
     "defaults": SamplingSpec(max_tokens=4),
     "greedy": SamplingSpec(max_tokens=4, temperature=0.0),
     "out_of_range": SamplingSpec(max_tokens=4, repetition_penalty=3.0),
@@ -111,10 +142,18 @@ SAMPLING = {
 @pytest.fixture(scope="module")
 def sglang_code() -> dict:
     """tests/fixtures/sglang/sglang_code.py's answer for SERVER_ARGS and SAMPLING."""
-    request = {"server_args": list(SERVER_ARGS.values()),
-               "sampling_params": [sampling_params(spec) for spec in SAMPLING.values()]}
-    run = subprocess.run([sys.executable, str(FIXTURES / "sglang_code.py")], input=json.dumps(request),
-                         capture_output=True, text=True, check=False, cwd=ROOT)
+    request = {
+        "server_args": list(SERVER_ARGS.values()),
+        "sampling_params": [sampling_params(spec) for spec in SAMPLING.values()],
+    }
+    run = subprocess.run(
+        [sys.executable, str(FIXTURES / "sglang_code.py")],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        check=False,
+        cwd=ROOT,
+    )
     assert run.returncode == 0, f"SGLang's code did not run (scripts/setup.sh installs it):\n{run.stderr[-3000:]}"
     answer = json.loads(run.stdout.splitlines()[-1])
     answer["server_args"] = dict(zip(SERVER_ARGS, answer["server_args"]))
@@ -127,9 +166,16 @@ def _request(**sampling) -> EngineRequest:
 
 
 def _info(role: EngineRole, host: str = "10.0.0.5", bootstrap_port: int | None = 8998) -> EngineInfo:
-    return engine_info(role, "0.0.0", f"engine-{role.value}", MODEL, KV, host,
-                       EnginePorts(server=30000, bootstrap=bootstrap_port if role is EngineRole.PREFILL else None),
-                       {"max_total_num_tokens": 160_000})
+    return engine_info(
+        role,
+        "0.0.0",
+        f"engine-{role.value}",
+        MODEL,
+        KV,
+        host,
+        EnginePorts(server=30000, bootstrap=bootstrap_port if role is EngineRole.PREFILL else None),
+        {"max_total_num_tokens": 160_000},
+    )
 
 
 def _rendezvous(room: int = 42) -> KVTransfer:
@@ -146,15 +192,29 @@ def test_the_sglang_checked_is_the_pinned_one(sglang_code):
 
 def test_server_args_for_each_role():
     assert SERVER_ARGS["prefill"] == {
-        "model_path": "meta-llama/Llama-3.1-8B-Instruct", "tokenizer_path": "meta-llama/Llama-3.1-8B-Instruct",
-        "served_model_name": "llama", "dtype": "bfloat16", "context_length": 16384, "random_seed": 3,
-        "page_size": 16, "disable_radix_cache": False, "tp_size": 1, "host": "10.0.0.5", "port": 31000,
-        "disaggregation_mode": "prefill", "disaggregation_transfer_backend": "nixl",
-        "disaggregation_ib_device": "mlx5_0", "disaggregation_bootstrap_port": 28999,
-        "kv_events_config": json.dumps({"publisher": "zmq", "endpoint": "tcp://*:25557",
-                                        "replay_endpoint": "tcp://*:25558", "topic": "kv"}),
-        "mem_fraction_static": 0.85, "chunked_prefill_size": 8192, "attention_backend": "fa3",
-        "incremental_streaming_output": True, "enable_deterministic_inference": True,
+        "model_path": "meta-llama/Llama-3.1-8B-Instruct",
+        "tokenizer_path": "meta-llama/Llama-3.1-8B-Instruct",
+        "served_model_name": "llama",
+        "dtype": "bfloat16",
+        "context_length": 16384,
+        "random_seed": 3,
+        "page_size": 16,
+        "disable_radix_cache": False,
+        "tp_size": 1,
+        "host": "10.0.0.5",
+        "port": 31000,
+        "disaggregation_mode": "prefill",
+        "disaggregation_transfer_backend": "nixl",
+        "disaggregation_ib_device": "mlx5_0",
+        "disaggregation_bootstrap_port": 28999,
+        "kv_events_config": json.dumps(
+            {"publisher": "zmq", "endpoint": "tcp://*:25557", "replay_endpoint": "tcp://*:25558", "topic": "kv"}
+        ),
+        "mem_fraction_static": 0.85,
+        "chunked_prefill_size": 8192,
+        "attention_backend": "fa3",
+        "incremental_streaming_output": True,
+        "enable_deterministic_inference": True,
     }
     decode = SERVER_ARGS["decode"]
     assert decode["disaggregation_mode"] == "decode" and "disaggregation_bootstrap_port" not in decode
@@ -175,22 +235,26 @@ def test_server_args_fields_are_the_installed_sglangs(sglang_code):
     assert server_args_fields() == real
     assert RECORDED_SERVER_ARGS_FIELDS <= real
     with pytest.raises(ValueError, match=r"\['cuda_graph_max_bs', 'stream_output'\]"):
-        check_server_args(SglangEngineConfig(kind="sglang", server_args={"stream_output": True,
-                                                                         "cuda_graph_max_bs": 8}), real)
+        check_server_args(
+            SglangEngineConfig(kind="sglang", server_args={"stream_output": True, "cuda_graph_max_bs": 8}), real
+        )
 
 
 def test_a_prefill_engine_needs_a_bootstrap_port():
     with pytest.raises(ValueError, match="bootstrap"):
-        server_args_kwargs(EngineSpec(MODEL, KV, SglangEngineConfig(kind="sglang"), EngineRole.PREFILL, "h",
-                                      NetworkConfig()), EnginePorts(server=1))
+        server_args_kwargs(
+            EngineSpec(MODEL, KV, SglangEngineConfig(kind="sglang"), EngineRole.PREFILL, "h", NetworkConfig()),
+            EnginePorts(server=1),
+        )
 
 
 def test_prefill_replicas_on_one_node_never_share_a_bootstrap_port():
     """Replicas starting together can draw the same candidates (here: the
     same seed); each still gets its own bootstrap port, drawn as the other
     engine ports are."""
-    drawn = [draw_ports("127.0.0.1", EngineRole.PREFILL, publish_kv_events=True, rng=random.Random(0))
-             for _ in range(4)]
+    drawn = [
+        draw_ports("127.0.0.1", EngineRole.PREFILL, publish_kv_events=True, rng=random.Random(0)) for _ in range(4)
+    ]
     try:
         bootstrap = [ports.bootstrap for ports, _ in drawn]
         assert [reservation.port for _, reservation in drawn] == bootstrap and len(set(bootstrap)) == 4
@@ -211,9 +275,19 @@ def test_prefill_replicas_on_one_node_never_share_a_bootstrap_port():
 
 def test_sampling_params_use_sglang_names():
     assert sampling_params(SAMPLING["every_field"]) == {
-        "max_new_tokens": 32, "min_new_tokens": 2, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.1,
-        "ignore_eos": True, "presence_penalty": 0.1, "frequency_penalty": 0.2, "repetition_penalty": 1.1,
-        "stop": ["\n\n"], "stop_token_ids": [128009], "sampling_seed": 7,
+        "max_new_tokens": 32,
+        "min_new_tokens": 2,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 40,
+        "min_p": 0.1,
+        "ignore_eos": True,
+        "presence_penalty": 0.1,
+        "frequency_penalty": 0.2,
+        "repetition_penalty": 1.1,
+        "stop": ["\n\n"],
+        "stop_token_ids": [128009],
+        "sampling_seed": 7,
     }
     plain = sampling_params(SAMPLING["defaults"])
     assert plain["top_k"] == -1 and not {"stop", "stop_token_ids", "sampling_seed"} & set(plain)
@@ -224,12 +298,37 @@ def test_sglang_reads_the_sampling_params_as_meant(sglang_code):
     manager does; a seed is kept (used only in deterministic mode: README)."""
     answers = sglang_code["sampling_params"]
     full = answers["every_field"]["params"]
-    assert {k: full[k] for k in ("max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "min_p",
-                                 "ignore_eos", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                                 "stop_strs", "stop_token_ids", "sampling_seed")} == {
-        "max_new_tokens": 32, "min_new_tokens": 2, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "min_p": 0.1,
-        "ignore_eos": True, "presence_penalty": 0.1, "frequency_penalty": 0.2, "repetition_penalty": 1.1,
-        "stop_strs": ["\n\n"], "stop_token_ids": [128009], "sampling_seed": 7,
+    assert {
+        k: full[k]
+        for k in (
+            "max_new_tokens",
+            "min_new_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "min_p",
+            "ignore_eos",
+            "presence_penalty",
+            "frequency_penalty",
+            "repetition_penalty",
+            "stop_strs",
+            "stop_token_ids",
+            "sampling_seed",
+        )
+    } == {
+        "max_new_tokens": 32,
+        "min_new_tokens": 2,
+        "temperature": 0.5,
+        "top_p": 0.9,
+        "top_k": 40,
+        "min_p": 0.1,
+        "ignore_eos": True,
+        "presence_penalty": 0.1,
+        "frequency_penalty": 0.2,
+        "repetition_penalty": 1.1,
+        "stop_strs": ["\n\n"],
+        "stop_token_ids": [128009],
+        "sampling_seed": 7,
     }
     defaults = answers["defaults"]["params"]
     assert defaults["top_k"] == 1 << 30 and defaults["sampling_seed"] is None  # top_k -1: the whole vocabulary
@@ -244,7 +343,10 @@ def test_generate_kwargs_carry_the_rendezvous(sglang_code):
     kwargs = generate_kwargs(request, "req-1-abc", stream=True)
     assert set(kwargs) <= set(sglang_code["async_generate"])  # Engine.async_generate's parameters
     assert {k: kwargs[k] for k in ("bootstrap_host", "bootstrap_port", "bootstrap_room")} == {
-        "bootstrap_host": "10.0.0.5", "bootstrap_port": 8998, "bootstrap_room": room}
+        "bootstrap_host": "10.0.0.5",
+        "bootstrap_port": 8998,
+        "bootstrap_room": room,
+    }
     # SGLang keeps rooms in an int64 (or uint64) buffer (srt/disaggregation/utils.py).
     assert 0 <= room < 2**63
     assert kwargs["input_ids"] == list(PROMPT) and kwargs["rid"] == "req-1-abc" and kwargs["stream"] is True
@@ -266,8 +368,9 @@ def _chunks(stream: list[dict], mode: StreamMode, request: EngineRequest) -> lis
     return [c for c in (decoder.feed(parse_output(o)) for o in stream) if c is not None]
 
 
-@pytest.mark.parametrize("name, mode", [("cumulative_stream", StreamMode.CUMULATIVE),
-                                         ("incremental_stream", StreamMode.INCREMENTAL)])
+@pytest.mark.parametrize(
+    "name, mode", [("cumulative_stream", StreamMode.CUMULATIVE), ("incremental_stream", StreamMode.INCREMENTAL)]
+)
 def test_each_stream_mode_becomes_deltas(name, mode):
     stream = OUTPUTS[name]
     chunks = _chunks(stream, mode, _request(stop_token_ids=()))
@@ -484,13 +587,16 @@ def test_process_env_maps_the_handshake_timeout():
     from orchestrator.config import AppConfig
 
     app = AppConfig(model=MODEL, decode_pool=_pool(), network=NetworkConfig(kv_handshake_timeout_s=60))
-    assert process_env(app, app.decode_pool) == {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "60",
-                                                 "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "60"}
+    assert process_env(app, app.decode_pool) == {
+        "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "60",
+        "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "60",
+    }
     assert process_env(replace_network(app), app.decode_pool) == {}
 
 
 def replace_network(app):
     return app.model_copy(update={"network": NetworkConfig()})
+
 
 # -- the request path's concurrent handoff, over fake pools --------------------------------
 
@@ -559,13 +665,19 @@ class RendezvousPools:
                     await pools._room(request).wait()
                     already = len(request.prompt_token_ids) - len(PROMPT)
                     for i in range(request.sampling.max_tokens):
-                        if pools.decode_fails_after is not None and already + i == pools.decode_fails_after \
-                                and len(pools.decodes) == 1:
+                        if (
+                            pools.decode_fails_after is not None
+                            and already + i == pools.decode_fails_after
+                            and len(pools.decodes) == 1
+                        ):
                             raise RuntimeError("decode replica died")
-                        yield EngineChunk((1000 + already + i,), f"t{already + i} ",
-                                          FinishReason.LENGTH if i == request.sampling.max_tokens - 1 else None,
-                                          num_prompt_tokens=len(request.prompt_token_ids) if i == 0 else 0,
-                                          num_cached_tokens=len(request.prompt_token_ids) if i == 0 else 0)
+                        yield EngineChunk(
+                            (1000 + already + i,),
+                            f"t{already + i} ",
+                            FinishReason.LENGTH if i == request.sampling.max_tokens - 1 else None,
+                            num_prompt_tokens=len(request.prompt_token_ids) if i == 0 else 0,
+                            num_cached_tokens=len(request.prompt_token_ids) if i == 0 else 0,
+                        )
                 finally:
                     pools.closed.append(request.request_id)
 
@@ -594,8 +706,15 @@ LOCAL = RouteDecision(RouteKind.LOCAL_PREFILL, "d0", None, RouteReason.SHORT_UNC
 
 def _path(pools: RendezvousPools, route: RouteDecision = REMOTE, **kwargs) -> tuple[RequestPath, FrontendMetrics]:
     metrics = FrontendMetrics(pools=lambda: {})
-    path = RequestPath(pools.decode_pool(), pools.prefill_pool(), FixedScheduler(route), metrics,
-                       prefill_timeout_s=kwargs.pop("prefill_timeout_s", 5.0), rng=random.Random(0), **kwargs)
+    path = RequestPath(
+        pools.decode_pool(),
+        pools.prefill_pool(),
+        FixedScheduler(route),
+        metrics,
+        prefill_timeout_s=kwargs.pop("prefill_timeout_s", 5.0),
+        rng=random.Random(0),
+        **kwargs,
+    )
     return path, metrics
 
 
@@ -621,8 +740,11 @@ def test_prefill_and_decode_start_together_with_one_rendezvous():
     (prefill,), (decode,) = pools.prefills, pools.decodes
     assert prefill.kv_transfer == decode.kv_transfer  # the same room on both halves
     room = random.Random(0).getrandbits(63)
-    assert decode.kv_transfer.engine_params == {"bootstrap_host": "host-p0", "bootstrap_port": 8998,
-                                                "bootstrap_room": room}
+    assert decode.kv_transfer.engine_params == {
+        "bootstrap_host": "host-p0",
+        "bootstrap_port": 8998,
+        "bootstrap_room": room,
+    }
     assert prefill.target_replica == "p0" and prefill.sampling.max_tokens == 1 and decode.target_replica == "d0"
     assert trace.prefill is not None and trace.fallback is None
     assert _metric(metrics, "orchestrator_kv_handoffs_total") == 1
@@ -769,8 +891,11 @@ def test_closing_a_stream_early_aborts_it_in_sglang():
 
 def test_an_aborted_transfer_is_an_engine_error_and_a_failed_transfer(sglang_code):
     failed = sglang_code["finish_reasons"]["abort_transfer_failed"]
-    aborted = {"text": "", "output_ids": [],
-               "meta_info": {"prompt_tokens": 9, "completion_tokens": 0, "cached_tokens": 0, "finish_reason": failed}}
+    aborted = {
+        "text": "",
+        "output_ids": [],
+        "meta_info": {"prompt_tokens": 9, "completion_tokens": 0, "cached_tokens": 0, "finish_reason": failed},
+    }
     engine = _engine(EngineRole.DECODE, FakeSglang([aborted]))
     with pytest.raises(EngineError):
         _collect(engine, _request().for_decode("d0", _rendezvous()))

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator.api.admission import AdmissionGate
-from orchestrator.api.service import CompletionService, ModelCard
 from orchestrator.api.responses import Endpoint
+from orchestrator.api.service import CompletionService, ModelCard
 from orchestrator.config import PRIMARY_GROUP, RoutingConfig, ShapePolicy, ShapeRoutingConfig
 from orchestrator.kv.hashing import block_hashes
 from orchestrator.kv.index import KVIndex
@@ -120,25 +120,39 @@ def _service(config: ShapeRoutingConfig = SHAPE):
     metrics = FrontendMetrics()
     routing = RoutingConfig(event_lag_ttl_s=60)  # route memory stands in for engine events here
     pools = {PRIMARY_GROUP: FakePool("decode_pool", ("p0",)), "sim": FakePool("sim_decode_pool", ("s0", "s1"))}
-    paths = {g: RequestPath(pool, None, KvAwareScheduler(routing, BS, index), metrics, prefill_timeout_s=5)
-             for g, pool in pools.items()}
+    paths = {
+        g: RequestPath(pool, None, KvAwareScheduler(routing, BS, index), metrics, prefill_timeout_s=5)
+        for g, pool in pools.items()
+    }
     ids = iter(range(1000))
-    service = CompletionService(ModelCard(MODEL, 4096, 0), PromptRenderer(WordTokenizer()), paths[PRIMARY_GROUP],
-                                metrics, gate=AdmissionGate(16), new_id=lambda: f"r{next(ids)}",
-                                group_paths=paths, shape_router=ShapeRouter(config, BS, index, GROUPS))
+    service = CompletionService(
+        ModelCard(MODEL, 4096, 0),
+        PromptRenderer(WordTokenizer()),
+        paths[PRIMARY_GROUP],
+        metrics,
+        gate=AdmissionGate(16),
+        new_id=lambda: f"r{next(ids)}",
+        group_paths=paths,
+        shape_router=ShapeRouter(config, BS, index, GROUPS),
+    )
     return service, pools, metrics
 
 
 def _complete(service, prompt, max_tokens=2):
     import json
 
-    return run(service.handle(Endpoint.COMPLETIONS, json.dumps(
-        {"model": MODEL, "prompt": list(prompt), "max_tokens": max_tokens}).encode()))
+    return run(
+        service.handle(
+            Endpoint.COMPLETIONS,
+            json.dumps({"model": MODEL, "prompt": list(prompt), "max_tokens": max_tokens}).encode(),
+        )
+    )
 
 
 def _count(metrics, group, shape):
-    value = metrics.registry.get_sample_value("orchestrator_shape_route_decisions_total",
-                                              {"group": group, "shape": shape})
+    value = metrics.registry.get_sample_value(
+        "orchestrator_shape_route_decisions_total", {"group": group, "shape": shape}
+    )
     return value or 0.0
 
 
@@ -181,7 +195,8 @@ def test_the_mixed_config_builds_a_deployment_per_pool_of_every_group():
     _, decode, prefill, groups = frontend.init_args
     assert (decode._bound_deployment.name, prefill._bound_deployment.name) == ("decode_pool", "prefill_pool")
     assert {g: [p._bound_deployment.name for p in pair] for g, pair in groups.items()} == {
-        "sim": ["sim_decode_pool", "sim_prefill_pool"]}
+        "sim": ["sim_decode_pool", "sim_prefill_pool"]
+    }
     # The group's replicas see the group's pools as the top-level ones, in their roles.
     sim_decode, sim_prefill = (p._bound_deployment for p in groups["sim"])
     assert sim_decode.init_args[1] == "decode" and sim_prefill.init_args[1] == "prefill"

@@ -9,8 +9,6 @@ import time
 from pathlib import Path
 
 import pytest
-
-from tests.virtual_time import loop_time, run_virtual
 import zmq
 import zmq.asyncio
 
@@ -24,6 +22,7 @@ from orchestrator.kv.index import KVIndex
 from orchestrator.kv.ingest import KVEventIngest
 from orchestrator.messages import EngineRequest, FinishReason, SamplingSpec
 from orchestrator.sim.core import greedy_output
+from tests.virtual_time import loop_time, run_virtual
 
 BLOCK = 16
 VOCAB = 300
@@ -41,8 +40,10 @@ def word_tokenizer(directory: Path) -> Path:
 def make_engine(tmp_path: Path, role=EngineRole.AGGREGATED, publish=False, clock=time.monotonic, **cfg) -> SimEngine:
     model = ModelConfig(name="sim", source=str(word_tokenizer(tmp_path)), max_model_len=8192)
     engine = SimEngineConfig(kind="sim", **({"num_gpu_blocks": 64} | cfg))
-    return SimEngine(EngineSpec(model, KVCacheConfig(block_size=BLOCK), engine, role, "127.0.0.1",
-                                publish_kv_events=publish), clock=clock)
+    return SimEngine(
+        EngineSpec(model, KVCacheConfig(block_size=BLOCK), engine, role, "127.0.0.1", publish_kv_events=publish),
+        clock=clock,
+    )
 
 
 def request(rid: str, prompt: list[int], max_tokens: int = 4) -> EngineRequest:
@@ -69,6 +70,7 @@ def test_roofline_capacity_is_what_the_gpu_holds_beside_the_weights():
 
 def test_generation_streams_greedy_tokens_in_modelled_time(tmp_path):
     """On a virtual clock: the stream takes exactly the modelled time of its steps."""
+
     async def run():
         engine = make_engine(tmp_path, clock=loop_time)
         info = await engine.start()

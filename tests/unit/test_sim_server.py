@@ -40,7 +40,11 @@ def test_the_sim_server_streams_and_answers_whole(tmp_path):
 
     models, whole, streamed, bad = asyncio.run(run())
     assert models["data"][0]["id"] == "sim"
-    assert whole["usage"] == {"prompt_tokens": 4, "completion_tokens": 6, "total_tokens": 10,
-                              "prompt_tokens_details": {"cached_tokens": 0}}
+    assert whole["usage"] == {
+        "prompt_tokens": 4,
+        "completion_tokens": 6,
+        "total_tokens": 10,
+        "prompt_tokens_details": {"cached_tokens": 0},
+    }
     assert streamed.status_code == 200 and streamed.text.rstrip().endswith("data: [DONE]")
     assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"

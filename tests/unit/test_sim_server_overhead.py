@@ -4,18 +4,22 @@ starts at the send."""
 
 import pytest
 
-from tools.workloads import RequestSpec
 from orchestrator.config import RoutingConfig
 from orchestrator.sim.cluster import ClusterSim, ClusterSpec
 from orchestrator.sim.link import LINKS
 from orchestrator.sim.perf_model import ProfileModel
+from tools.workloads import RequestSpec
 
 PREFILL_S, STEP_S, IDLE_S, BUSY_S = 0.010, 0.002, 0.003, 0.008
 
 
 def _sim(server_overhead: bool = True) -> ClusterSim:
-    perf = ProfileModel([(1, PREFILL_S), (64, PREFILL_S)], {1: [(1, STEP_S), (1000, STEP_S)]},
-                        request_overhead_s=IDLE_S, request_overhead_busy_s=BUSY_S)
+    perf = ProfileModel(
+        [(1, PREFILL_S), (64, PREFILL_S)],
+        {1: [(1, STEP_S), (1000, STEP_S)]},
+        request_overhead_s=IDLE_S,
+        request_overhead_busy_s=BUSY_S,
+    )
     spec = ClusterSpec(0, 1, 1000, 16, routing=RoutingConfig(policy="round_robin"), server_overhead=server_overhead)
     return ClusterSim(spec, perf, LINKS["pcie"])
 
@@ -30,8 +34,9 @@ def test_one_client_at_a_time_always_finds_the_server_idle():
 
 
 def _sent_at(times: tuple[float, ...], max_tokens: tuple[int, ...]) -> list[RequestSpec]:
-    return [RequestSpec(r.prompt_token_ids, n, arrival_s=t)
-            for r, t, n in zip(_requests(len(times)), times, max_tokens)]
+    return [
+        RequestSpec(r.prompt_token_ids, n, arrival_s=t) for r, t, n in zip(_requests(len(times)), times, max_tokens)
+    ]
 
 
 def test_a_request_sent_while_another_is_in_flight_pays_the_busy_cost():

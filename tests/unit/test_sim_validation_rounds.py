@@ -6,9 +6,8 @@ from tools.workloads import RequestSpec
 
 
 def test_a_rounds_copy_keeps_lengths_shared_prefixes_and_arrivals_with_other_tokens():
-    from tools.workloads import TokenPool
-
     from benchmarks.sim_validation import relabeled
+    from tools.workloads import TokenPool
 
     pool = TokenPool.vocabulary(500)
     shared = tuple(range(10, 42))
@@ -22,16 +21,19 @@ def test_a_rounds_copy_keeps_lengths_shared_prefixes_and_arrivals_with_other_tok
 
 
 def test_rounds_are_pooled_and_their_spread_is_how_far_their_own_p50s_are_apart():
+    from benchmarks.sim_validation import combine_rounds
     from tools.client import RequestRecord
 
-    from benchmarks.sim_validation import combine_rounds
-
     def records(ttft_s: float) -> list[RequestRecord]:
-        return [RequestRecord(ok=True, ttft_s=ttft_s, itl_s=[0.01] * 10, e2e_s=ttft_s + 0.1, output_tokens=11)
-                for _ in range(4)]
+        return [
+            RequestRecord(ok=True, ttft_s=ttft_s, itl_s=[0.01] * 10, e2e_s=ttft_s + 0.1, output_tokens=11)
+            for _ in range(4)
+        ]
 
-    rounds = [{"records": records(0.010), "duration": 1.0, "speed": {"factor": 1.0}, "cpu": {}},
-              {"records": records(0.030), "duration": 1.0, "speed": {"factor": 1.2}, "cpu": {}}]
+    rounds = [
+        {"records": records(0.010), "duration": 1.0, "speed": {"factor": 1.0}, "cpu": {}},
+        {"records": records(0.030), "duration": 1.0, "speed": {"factor": 1.2}, "cpu": {}},
+    ]
     combined = combine_rounds(rounds)
     assert combined["repeatability"]["ttft_ms_p50"] == pytest.approx((30 - 10) / 20)
     assert combined["repeatability"]["throughput"] == pytest.approx(0.0)

@@ -12,9 +12,15 @@ from orchestrator.engines.vllm_engine import VllmEngine
 
 def _engine(role: EngineRole, **network) -> VllmEngine:
     engine = {"kind": "vllm", "device": "cpu"}
-    app = AppConfig.model_validate({"model": {"name": "m", "source": "org/m", "max_model_len": 4096},
-                                    "prefill_pool": {"engine": engine}, "decode_pool": {"engine": engine},
-                                    "kv_cache": {"block_size": 32}, "network": network})
+    app = AppConfig.model_validate(
+        {
+            "model": {"name": "m", "source": "org/m", "max_model_len": 4096},
+            "prefill_pool": {"engine": engine},
+            "decode_pool": {"engine": engine},
+            "kv_cache": {"block_size": 32},
+            "network": network,
+        }
+    )
     pool = app.prefill_pool if role is EngineRole.PREFILL else app.decode_pool
     return VllmEngine(EngineSpec.for_pool(app, pool, role, "127.0.0.1"))
 

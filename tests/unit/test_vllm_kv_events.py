@@ -17,17 +17,26 @@ def _encode(events, ts=1.5):
 
 
 def _stored(hashes, parent, tokens, medium=kv_events.MEDIUM_GPU):
-    return kv_events.BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=list(tokens),
-                                 block_size=32, lora_id=None, medium=medium, lora_name=None)
+    return kv_events.BlockStored(
+        block_hashes=hashes,
+        parent_block_hash=parent,
+        token_ids=list(tokens),
+        block_size=32,
+        lora_id=None,
+        medium=medium,
+        lora_name=None,
+    )
 
 
 def test_vllm_encoded_batches_decode_into_index_events():
-    payload = _encode([
-        _stored([11, 12], None, range(64)),
-        _stored([b"\x01" * 32], 12, range(32)),
-        kv_events.BlockRemoved(block_hashes=[11], medium=kv_events.MEDIUM_GPU),
-        kv_events.AllBlocksCleared(),
-    ])
+    payload = _encode(
+        [
+            _stored([11, 12], None, range(64)),
+            _stored([b"\x01" * 32], 12, range(32)),
+            kv_events.BlockRemoved(block_hashes=[11], medium=kv_events.MEDIUM_GPU),
+            kv_events.AllBlocksCleared(),
+        ]
+    )
     batch = decode_batch((7).to_bytes(8, "big"), payload)
     assert batch.seq == 7 and batch.ts == 1.5
     assert batch.events == (
@@ -43,12 +52,17 @@ def test_a_block_held_only_in_host_memory_is_no_hit():
     index = KVIndex()
     prompt = block_hashes(list(range(64)), 32)
     index.apply("d0", decode_batch(bytes(8), _encode([_stored([11, 12], None, range(64))])).events)
-    offloaded_then_evicted = decode_batch(bytes(8), _encode([
-        _stored([11, 12], None, range(64), medium=kv_events.MEDIUM_CPU),
-        kv_events.BlockRemoved(block_hashes=[12], medium=kv_events.MEDIUM_GPU),
-        kv_events.BlockRemoved(block_hashes=[11], medium=kv_events.MEDIUM_CPU),  # its device copy stays
-        _stored([21], None, range(100, 132), medium=kv_events.MEDIUM_STORAGE),
-    ]))
+    offloaded_then_evicted = decode_batch(
+        bytes(8),
+        _encode(
+            [
+                _stored([11, 12], None, range(64), medium=kv_events.MEDIUM_CPU),
+                kv_events.BlockRemoved(block_hashes=[12], medium=kv_events.MEDIUM_GPU),
+                kv_events.BlockRemoved(block_hashes=[11], medium=kv_events.MEDIUM_CPU),  # its device copy stays
+                _stored([21], None, range(100, 132), medium=kv_events.MEDIUM_STORAGE),
+            ]
+        ),
+    )
     assert offloaded_then_evicted.events == (BlockRemoved((12,)),)
     index.apply("d0", offloaded_then_evicted.events)
     assert index.overlaps(prompt) == {"d0": 1}
@@ -78,4 +92,3 @@ def test_a_batch_with_an_unknown_event_kind_is_malformed_as_a_whole():
     payload = _encode([BlockPinned(block_hashes=[1]), kv_events.BlockRemoved(block_hashes=[3], medium="GPU")])
     with pytest.raises(MalformedEvents, match="BlockPinned"):
         decode_batch((1).to_bytes(8, "big"), payload)
-

@@ -71,8 +71,12 @@ def test_shm_queue_readers_sleep_between_looks_then_wait_for_the_writer(monkeypa
         reader.wait(timeout_ms=10_000)
         assert time.monotonic() - started < 9  # the notification woke it, not the timeout
     finally:
-        for socket in (writer.local_notify_socket, reader.local_notify_socket,
-                       reader.read_cancel_socket, reader.write_cancel_socket):
+        for socket in (
+            writer.local_notify_socket,
+            reader.local_notify_socket,
+            reader.read_cancel_socket,
+            reader.write_cancel_socket,
+        ):
             socket.close(linger=0)
         context.term()
 
@@ -90,8 +94,13 @@ def test_engine_process_exits_when_its_parent_is_killed(tmp_path):
         open({str(pid_file)!r}, "w").write(str(os.getpid()))
         time.sleep(60)
     """)
-    parent = subprocess.Popen([sys.executable, "-c",
-                               f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)"])
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(60)",
+        ]
+    )
     try:
         deadline = time.monotonic() + 30
         while not pid_file.exists() or not pid_file.read_text():

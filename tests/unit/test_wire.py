@@ -38,10 +38,13 @@ class ScriptedEngine:
                 if self.error is not None:
                     raise self.error
                 last = i == request.sampling.max_tokens - 1
-                yield EngineChunk(token_ids=(100 + i,), text=f"t{i} ",
-                                  finish_reason=FinishReason.LENGTH if last else None,
-                                  num_prompt_tokens=len(request.prompt_token_ids) if i == 0 else 0,
-                                  num_cached_tokens=2 if i == 0 else 0)
+                yield EngineChunk(
+                    token_ids=(100 + i,),
+                    text=f"t{i} ",
+                    finish_reason=FinishReason.LENGTH if last else None,
+                    num_prompt_tokens=len(request.prompt_token_ids) if i == 0 else 0,
+                    num_cached_tokens=2 if i == 0 else 0,
+                )
         except asyncio.CancelledError:
             self.aborted.append(request.request_id)
             raise
@@ -84,14 +87,16 @@ def test_frames_round_trip_split_anywhere():
     got = []
     reader = FrameReader(lambda *frame: got.append(frame))
     for i in range(len(data)):  # one byte at a time
-        reader.feed(data[i:i + 1])
+        reader.feed(data[i : i + 1])
     assert got == [(Op.GENERATE, 7, req), (Op.ERROR, 7, (ErrorKind.REJECTED, "bad"))]
 
 
 def test_frames_refuse_what_the_protocol_does_not_define():
-    for bad in (HEADER.pack(3) + b"\x93\x63\x01\xc0",  # op 99
-                HEADER.pack(2**31),  # oversize
-                encode(Op.GENERATE, 1, {"request_id": 5})):  # not an EngineRequest
+    for bad in (
+        HEADER.pack(3) + b"\x93\x63\x01\xc0",  # op 99
+        HEADER.pack(2**31),  # oversize
+        encode(Op.GENERATE, 1, {"request_id": 5}),
+    ):  # not an EngineRequest
         with pytest.raises(ProtocolError):
             FrameReader(lambda *f: None).feed(bad)
 
@@ -113,6 +118,7 @@ def test_a_stream_arrives_whole_and_in_order():
             assert chunks[0].num_prompt_tokens == 4 and chunks[0].num_cached_tokens == 2
             assert chunks[-1].finish_reason is FinishReason.LENGTH
             assert engine.started[0] == request(max_tokens=3)  # every field crossed
+
     asyncio.run(main())
 
 
@@ -130,6 +136,7 @@ def test_chunks_queued_behind_a_slow_consumer_come_as_one():
             assert rest.text == "t1 t2 t3 " and rest.finish_reason is FinishReason.LENGTH
             with pytest.raises(StopAsyncIteration):
                 await anext(stream)
+
     asyncio.run(main())
 
 
@@ -143,6 +150,7 @@ def test_closing_a_stream_early_aborts_it_in_the_engine():
             await stream.aclose()
             await settle()
             assert engine.aborted == ["gone"] and server.running() == 0
+
     asyncio.run(main())
 
 
@@ -150,13 +158,16 @@ def test_concurrent_streams_share_one_connection():
     async def main():
         engine = ScriptedEngine()
         async with served(engine) as (server, streams, address):
+
             async def collect(rid):
                 return [t async for c in streams.generate(address, request(rid, 2)) for t in c.token_ids]
+
             tasks = [asyncio.ensure_future(collect(f"r{i}")) for i in range(5)]
             await settle()
             engine.step(10)
             assert await asyncio.gather(*tasks) == [[100, 101]] * 5
             assert len(server.connections) == 1
+
     asyncio.run(main())
 
 
@@ -172,13 +183,16 @@ def test_prefill_returns_its_result_and_cancels_on_the_replica():
                 await asyncio.wait_for(streams.prefill(address, request("slow")), 0.05)
             await settle()
             assert len(engine.started) == 2 and server.running() == 0  # the CANCEL reached the replica
+
     asyncio.run(main())
 
 
 def test_engine_errors_keep_their_kind():
     async def main():
-        for error, expected in ((EngineRequestRejected("prompt too long"), EngineRequestRejected),
-                                (RuntimeError("engine died"), EngineError)):
+        for error, expected in (
+            (EngineRequestRejected("prompt too long"), EngineRequestRejected),
+            (RuntimeError("engine died"), EngineError),
+        ):
             engine = ScriptedEngine(error=error)
             async with served(engine) as (_, streams, address):
                 engine.step(1)
@@ -187,6 +201,7 @@ def test_engine_errors_keep_their_kind():
                 engine.step(1)
                 with pytest.raises(expected):
                     await streams.prefill(address, request())
+
     asyncio.run(main())
 
 
@@ -206,6 +221,7 @@ def test_a_replica_that_goes_away_fails_its_streams_and_a_new_one_is_reached():
             engine.step(1)
             assert [t async for c in streams.generate(address, request(max_tokens=1)) for t in c.token_ids] == [100]
             again.close()
+
     asyncio.run(main())
 
 
@@ -216,6 +232,7 @@ def test_an_unreachable_replica_is_an_engine_error():
             port = s.getsockname()[1]  # bound, not listening: refused
             with pytest.raises(EngineError, match="cannot reach"):
                 await ReplicaStreams().prefill(("127.0.0.1", port), request())
+
     asyncio.run(main())
 
 
@@ -234,6 +251,7 @@ def test_a_draining_replica_finishes_running_streams_and_refuses_new_ones():
             engine.step(1)
             assert [t for c in [c async for c in stream] for t in c.token_ids] == [101]
             assert await drained == 0
+
     asyncio.run(main())
 
 
@@ -248,4 +266,5 @@ def test_garbage_from_a_peer_closes_only_its_connection():
             writer.close()
             engine.step(1)
             assert [t async for c in streams.generate(address, request(max_tokens=1)) for t in c.token_ids] == [100]
+
     asyncio.run(main())

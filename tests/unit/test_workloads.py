@@ -16,8 +16,9 @@ TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
 
 
 def test_synthetic_lengths_and_shared_prefixes_are_exact_and_seeded():
-    w = SyntheticWorkload(LengthDist(100), LengthDist(20), TokenPool.vocabulary(500), shared_prefix_fraction=0.5,
-                          num_prefixes=2, seed=3)
+    w = SyntheticWorkload(
+        LengthDist(100), LengthDist(20), TokenPool.vocabulary(500), shared_prefix_fraction=0.5, num_prefixes=2, seed=3
+    )
     reqs = w.requests(20)
     assert all(len(r.prompt_token_ids) == 100 and r.max_tokens == 20 for r in reqs)
     assert all(10 <= t < 500 for r in reqs for t in r.prompt_token_ids)
@@ -41,11 +42,14 @@ def _mooncake(tmp_path, rows):
 
 
 def test_mooncake_hash_ids_become_shared_scaled_blocks(tmp_path):
-    path = _mooncake(tmp_path, [
-        {"timestamp": 0, "input_length": 1500, "output_length": 160, "hash_ids": [7, 8, 9]},
-        {"timestamp": 500, "input_length": 1100, "output_length": 64, "hash_ids": [7, 8, 4]},
-        {"timestamp": 2000, "input_length": 300, "output_length": 32, "hash_ids": [5]},
-    ])
+    path = _mooncake(
+        tmp_path,
+        [
+            {"timestamp": 0, "input_length": 1500, "output_length": 160, "hash_ids": [7, 8, 9]},
+            {"timestamp": 500, "input_length": 1100, "output_length": 64, "hash_ids": [7, 8, 4]},
+            {"timestamp": 2000, "input_length": 300, "output_length": 32, "hash_ids": [5]},
+        ],
+    )
     a, b, c = MooncakeTrace(str(path), POOL, block_tokens=32).requests()
     # Lengths scale by 32/512; blocks of equal ids at equal positions are equal.
     assert (len(a.prompt_token_ids), len(b.prompt_token_ids), len(c.prompt_token_ids)) == (94, 69, 19)
@@ -67,7 +71,7 @@ def test_real_mooncake_trace_keeps_its_sharing_after_scaling():
             ids_a, ids_b = rows[i]["hash_ids"], rows[j]["hash_ids"]
             a, b = reqs[i].prompt_token_ids, reqs[j].prompt_token_ids
             for k in range(min(len(ids_a), len(ids_b), len(a) // 16, len(b) // 16)):
-                same_block = a[k * 16:(k + 1) * 16] == b[k * 16:(k + 1) * 16]
+                same_block = a[k * 16 : (k + 1) * 16] == b[k * 16 : (k + 1) * 16]
                 assert same_block == (ids_a[k] == ids_b[k])
                 if not same_block:
                     break
@@ -75,8 +79,10 @@ def test_real_mooncake_trace_keeps_its_sharing_after_scaling():
 
 def test_azure_trace_has_lengths_and_arrivals(tmp_path):
     path = tmp_path / "az.csv"
-    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
-                    "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n")
+    path.write_text(
+        "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+        "2023-11-16 18:15:46.6805900,374,44\n2023-11-16 18:15:50.9951690,396,109\n"
+    )
     a, b = AzureTrace(str(path), POOL, isl_scale=0.5).requests()
     assert (len(a.prompt_token_ids), a.max_tokens, len(b.prompt_token_ids)) == (187, 44, 198)
     assert b.arrival_s == pytest.approx(4.314579, abs=1e-5)
