@@ -118,7 +118,7 @@ def app_config(policy: str, args: argparse.Namespace) -> AppConfig:
 
 async def _poll(samples: list[dict[str, Any]], start: float, period_s: float, stop: asyncio.Event) -> None:
     while not stop.is_set():
-        from deployments.local_serve import replica_counts
+        from deployments.serve_status import replica_counts
 
         counts = await asyncio.to_thread(replica_counts, APP, POOLS)
         samples.append({"t": time.perf_counter() - start, **counts})
