@@ -9,10 +9,19 @@ injected while streams are in flight:
   engine-core-crashed     the EngineCore process inside a decode replica SIGKILLed
   prefill-replica-killed  the prefill replica's actor killed
 
+then, on the shipped config as it ships (1 prefill + 1 decode replica):
+
+  only-decode-replica-killed  the one decode replica's actor killed: no
+                              replica to migrate to until Serve replaces it
+
 Each request is counted as answered (200 with every token asked for),
-rejected (429) or lost (anything else: an error, a cut stream, a short
-answer) — lost must be 0. Serve replaces the dead replica before the next
-scenario starts. Writes benchmarks/results/faults.json.
+rejected (429), hung (no byte for `--hang-s`: the bound) or lost (anything
+else: an error, a cut stream, a short answer) — lost and hung must be 0.
+Per scenario the frontend's own counters show what the fault did to the
+streams in flight: migrations, prefill fallbacks, route decisions, KV
+handoffs (differences of /metrics around the scenario), and how many
+requests were in flight when it was injected. Serve replaces the dead
+replica before the next scenario starts. Writes benchmarks/results/faults.json.
 
     .venv/bin/python benchmarks/faults.py
 """
@@ -23,6 +32,7 @@ import asyncio
 import json
 import os
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -39,7 +49,16 @@ from tools.runner import Target, run_concurrency  # noqa: E402
 from tools.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
 
 SCENARIOS = ["none", "decode-replica-killed", "engine-core-crashed", "prefill-replica-killed"]
+SHIPPED_SCENARIOS = ["only-decode-replica-killed"]
 APP = "orchestrator"
+# Frontend counters read around each scenario: name -> the labels its samples are told apart by.
+COUNTERS = {
+    "orchestrator_decode_migrations_total": (),
+    "orchestrator_prefill_fallbacks_total": ("reason",),
+    "orchestrator_route_decisions_total": ("kind", "reason"),
+    "orchestrator_kv_handoffs_total": (),
+    "orchestrator_requests_total": ("outcome",),
+}
 
 
 def pools(url: str) -> dict:
@@ -52,6 +71,24 @@ def wait_replicas(url: str, decode: int, prefill: int, timeout_s: float = 600) -
         return len(p.get("decode_pool", [])) >= decode and len(p.get("prefill_pool", [])) >= prefill
 
     launch.wait_until(replaced, "replicas replaced", timeout_s)
+
+
+def counters(url: str) -> dict[str, float]:
+    """The frontend's counters in COUNTERS, one key per label set ("name{a=b}")."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        for sample in family.samples:
+            if sample.name in COUNTERS:
+                labels = ",".join(f"{k}={sample.labels.get(k, '')}" for k in COUNTERS[sample.name])
+                key = f"{sample.name}{{{labels}}}" if labels else sample.name
+                values[key] = values.get(key, 0.0) + sample.value
+    return values
+
+
+def counted(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {k: after[k] - before.get(k, 0.0) for k in sorted(after) if after[k] - before.get(k, 0.0)}
 
 
 def busiest(url: str, pool: str) -> dict:
@@ -77,13 +114,15 @@ def inject(url: str, scenario: str) -> str:
     return f"{pool} replica {victim['replica_id']}"
 
 
-async def scenario_run(url: str, scenario: str, specs, concurrency: int, inject_after_s: float):
+async def scenario_run(url: str, scenario: str, specs, concurrency: int, inject_after_s: float, hang_s: float):
     target = Target(url, "tiny-llama")
-    load = asyncio.create_task(run_concurrency(target, specs, concurrency))
+    load = asyncio.create_task(run_concurrency(target, specs, concurrency, timeout_s=hang_s))
     await asyncio.sleep(inject_after_s)
+    injected_at = time.perf_counter()
     hit = await asyncio.to_thread(inject, url, scenario)
     records, duration = await load
-    return records, duration, hit
+    in_flight = sum(1 for r in records if r.start_s <= injected_at <= r.start_s + (r.e2e_s or duration))
+    return records, duration, hit, in_flight
 
 
 def tally(records, specs) -> dict:
@@ -95,6 +134,9 @@ def tally(records, specs) -> dict:
             outcome["answered"] += 1
         elif r.error == "http_429":
             outcome["rejected"] += 1
+        elif r.error and "timeout" in r.error.lower():
+            outcome["hung"] += 1
+            errors[r.error] += 1
         else:
             outcome["lost"] += 1
             errors[r.error or f"short answer ({r.output_tokens} tokens)"] += 1
@@ -103,59 +145,95 @@ def tally(records, specs) -> dict:
         "sent": len(records),
         "answered": outcome["answered"],
         "rejected": outcome["rejected"],
+        "hung": outcome["hung"],
         "lost": outcome["lost"],
         "errors": dict(errors),
         "ttft_ms": percentiles([r.ttft_s for r in ok if r.ttft_s is not None]),
         "e2e_ms": percentiles([r.e2e_s for r in ok if r.e2e_s is not None]),
+        "e2e_max_ms": max((r.e2e_s * 1000 for r in ok if r.e2e_s is not None), default=None),
     }
+
+
+def run_scenarios(url: str, scenarios: list[str], workload, args, decode: int, prefill: int, first: int) -> dict:
+    """Each scenario on fresh requests (from index `first` of the workload), after the pools are whole again."""
+    results = {}
+    for i, scenario in enumerate(scenarios):
+        wait_replicas(url, decode=decode, prefill=prefill)
+        start = first + i * args.requests
+        specs = workload.requests(start + args.requests)[start:]
+        print(f"== {scenario}", flush=True)
+        before = counters(url)
+        records, duration, hit, in_flight = asyncio.run(
+            scenario_run(url, scenario, specs, args.concurrency, args.inject_after_s, args.hang_s)
+        )
+        results[scenario] = {
+            "injected": hit,
+            "in_flight_at_injection": in_flight,
+            "duration_s": duration,
+            **tally(records, specs),
+            "frontend_counters": counted(before, counters(url)),
+        }
+        print(json.dumps(results[scenario]), flush=True)
+    return results
 
 
 def main() -> None:
     p = launch.parser(__doc__)
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
+    p.add_argument("--shipped-scenarios", default=",".join(SHIPPED_SCENARIOS))
     p.add_argument("--requests", type=int, default=36)
     p.add_argument("--concurrency", type=int, default=6)
     p.add_argument("--inject-after-s", type=float, default=6.0)
+    p.add_argument("--hang-s", type=float, default=300.0, help="a request silent this long counts as hung")
     p.add_argument("--out", default=str(launch.RESULTS / "faults.json"))
     args = p.parse_args()
     pool = TokenPool.vocabulary(len(launch.tiny_model()))
     # Prompts past the local-prefill threshold, so every request takes the disaggregated path.
     workload = SyntheticWorkload(LengthDist(700), LengthDist(160), pool, seed=21)
-    cfg = launch.app_args(
+    two_decode = launch.app_args(
         "disagg-cpu.yaml", decode_pool__replicas=2, frontend__prefill_timeout_s=10, network__kv_handshake_timeout_s=3
     )
+    shipped = launch.app_args("disagg-cpu.yaml")
     log = Path(args.out).with_suffix(".log")
-    results = {}
-    with launch.ours(cfg, log) as url:
-        import ray
+    results, shipped_results = {}, {}
+    for cfg, scenarios, decode, into in (
+        (two_decode, args.scenarios, 2, results),
+        (shipped, args.shipped_scenarios, shipped.decode_pool.replicas, shipped_results),
+    ):
+        if not scenarios:
+            continue
+        with launch.ours(cfg, log) as url:
+            import ray
 
-        ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
-        asyncio.run(run_concurrency(Target(url, "tiny-llama"), workload.requests(6), 3))  # warm-up
-        for i, scenario in enumerate(args.scenarios.split(",")):
-            wait_replicas(url, decode=2, prefill=1)
-            specs = workload.requests(6 + (i + 1) * args.requests)[6 + i * args.requests :]
-            print(f"== {scenario}", flush=True)
-            records, duration, hit = asyncio.run(
-                scenario_run(url, scenario, specs, args.concurrency, args.inject_after_s)
-            )
-            results[scenario] = {"injected": hit, "duration_s": duration, **tally(records, specs)}
-            print(json.dumps(results[scenario]), flush=True)
-        ray.shutdown()
+            ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
+            asyncio.run(run_concurrency(Target(url, "tiny-llama"), workload.requests(6), 3))  # warm-up
+            first = 6 + (len(results) * args.requests if into is shipped_results else 0)
+            into.update(run_scenarios(url, scenarios.split(","), workload, args, decode, 1, first))
+            ray.shutdown()
     doc = {
         "benchmark": "faults",
-        "version": 1,
+        "version": 2,
         "hardware": hardware(),
-        "app": "configs/disagg-cpu.yaml, 1 prefill + 2 decode replicas",
+        "apps": {
+            "scenarios": "configs/disagg-cpu.yaml, 1 prefill + 2 decode replicas",
+            "shipped_scenarios": f"configs/disagg-cpu.yaml as shipped, 1 prefill + "
+            f"{shipped.decode_pool.replicas} decode",
+        },
         "load": {
             "concurrency": args.concurrency,
             "requests": args.requests,
             "isl": 700,
             "osl": 160,
             "inject_after_s": args.inject_after_s,
+            "hang_s": args.hang_s,
         },
         "scenarios": results,
+        "shipped_scenarios": shipped_results,
     }
     report.write_json(args.out, doc)
+    bad = {k: v for k, v in {**results, **shipped_results}.items() if v["lost"] or v["hung"]}
+    if bad:
+        raise SystemExit(f"requests lost or hung in {sorted(bad)}")
 
 
 if __name__ == "__main__":
