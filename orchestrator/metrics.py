@@ -148,6 +148,11 @@ class FrontendMetrics:
         self.migrations = Counter(
             f"{PREFIX}_decode_migrations", "Streams moved to another decode replica after theirs failed.", registry=r
         )
+        self.decode_replicas_set_aside = Counter(
+            f"{PREFIX}_decode_replicas_set_aside",
+            "Decode replicas that failed a stream and got no new request for a while.",
+            registry=r,
+        )
         self.kv_handoffs = Counter(
             f"{PREFIX}_kv_handoffs", "Remote prefills whose KV was handed to a decode replica.", registry=r
         )

@@ -22,7 +22,10 @@ A failed or slow prefill never loses the request: it costs a local prefill
 on the decode replica (or, where the decode engine cannot prefill, a new
 concurrent prefill on another prefill replica), counted in
 `prefill_fallbacks`. A failed decode replica costs a recomputation of the
-context on another, counted in `migrations`.
+context on another, counted in `migrations`, and is set aside: no new
+request or migration is routed to it for `suspect_s` (a dead engine stays in
+the pool's live set until Serve's health checks replace it), unless every
+replica is set aside; then it is tried again.
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ from orchestrator.pools import PoolClient, ReplicaView
 from orchestrator.routing.base import RouteDecision, Scheduler
 
 log = logging.getLogger(__name__)
+
+# How long a decode replica that failed a stream gets no new request: about Serve's time to replace a dead
+# replica (health checks every 5 s, a few failures in a row).
+SUSPECT_S = 15.0
 
 
 class FallbackReason(str, enum.Enum):
@@ -91,6 +98,7 @@ class RequestPath:
         clock: Callable[[], float] = time.perf_counter,
         detokenize: Callable[[Sequence[int]], str] | None = None,
         rng: random.Random | None = None,
+        suspect_s: float = SUSPECT_S,
     ) -> None:
         self.decode_pool = decode_pool
         self.prefill_pool = prefill_pool
@@ -106,10 +114,12 @@ class RequestPath:
         # Draws KV rendezvous rooms and the prefill replica a decode engine
         # that cannot prefill locally falls back to.
         self.rng = rng or random.Random()
+        self.suspect_s = suspect_s
+        self._suspect_until: dict[str, float] = {}  # decode replica -> when it may take new requests again
 
     async def stream(self, request: EngineRequest, trace: RequestTrace) -> AsyncIterator[EngineChunk]:
         prefill_replicas = self.prefill_pool.replicas() if self.prefill_pool is not None else None
-        decode_replicas = self.decode_pool.replicas()
+        decode_replicas = self._trusted_decode_replicas()
         start = self.clock()
         route = self.scheduler.route_request(request, prefill_replicas, decode_replicas)
         decided = self.clock() - start
@@ -182,6 +192,7 @@ class RequestPath:
                 self.metrics.migrations.inc()
                 if request.target_replica is not None:
                     failed.add(request.target_replica)
+                    self._set_aside(request.target_replica)
                 log.warning(
                     "decode of %s failed after %d tokens (%s: %s); migrating (attempt %d)",
                     original.request_id,
@@ -192,6 +203,24 @@ class RequestPath:
                 )
                 request = self._migrate(original, generated, failed, trace.migrations)
                 concurrent_with = None
+
+    # -- replicas set aside after a failed stream ---------------------------------
+
+    def _trusted_decode_replicas(self) -> list[ReplicaView]:
+        """The decode pool's replicas less those set aside; all of them when none is left."""
+        views = self.decode_pool.replicas()
+        if not self._suspect_until:
+            return views
+        now = self.clock()
+        self._suspect_until = {r: t for r, t in self._suspect_until.items() if t > now}
+        trusted = [v for v in views if v.replica_id not in self._suspect_until]
+        return trusted or views
+
+    def _set_aside(self, replica_id: str) -> None:
+        if replica_id not in self._suspect_until:
+            self.metrics.decode_replicas_set_aside.inc()
+            log.warning("decode replica %s failed a stream: no new requests for %.0f s", replica_id, self.suspect_s)
+        self._suspect_until[replica_id] = self.clock() + self.suspect_s
 
     def _continued_text(self, generated: list[int], sent_text: str, finished: bool) -> str:
         """What the uninterrupted stream would add now: the text of every token
@@ -205,7 +234,9 @@ class RequestPath:
     def _migrate(self, original: EngineRequest, generated: list[int], failed: set[str], attempt: int) -> EngineRequest:
         """The continuation, routed to a decode replica that has not failed it."""
         continued = original.continued(generated, attempt)
-        candidates = [v for v in self.decode_pool.replicas() if v.replica_id not in failed]
+        candidates = [v for v in self._trusted_decode_replicas() if v.replica_id not in failed] or [
+            v for v in self.decode_pool.replicas() if v.replica_id not in failed
+        ]
         route = self.scheduler.route_request(continued, None, candidates)
         self.scheduler.on_request_finished(continued.request_id)  # accounted under the original id
         return continued.for_decode(route.decode_replica, None)

@@ -1,0 +1,62 @@
+"""A decode replica that fails a stream is set aside: the stream migrates, and
+new requests avoid that replica for `suspect_s` (a dead engine stays in the
+pool's live set until Serve replaces it), then it is tried again; with every
+replica set aside, they are all tried."""
+
+from __future__ import annotations
+
+from orchestrator.messages import EngineRequest, SamplingSpec
+from orchestrator.metrics import FrontendMetrics
+from orchestrator.request_path import RequestPath, RequestTrace
+from orchestrator.routing.round_robin import RoundRobinScheduler
+from tests.factories import FakePool, run
+
+
+def _path(decode: FakePool, now: list[float]) -> RequestPath:
+    return RequestPath(
+        decode,
+        None,
+        RoundRobinScheduler(),
+        FrontendMetrics(),
+        prefill_timeout_s=5,
+        clock=lambda: now[0],
+        suspect_s=10.0,
+    )
+
+
+def _complete(path: RequestPath, i: int) -> int:
+    async def go():
+        request = EngineRequest(f"req{i}", (1, 2, 3), SamplingSpec(max_tokens=3, temperature=0))
+        return sum([len(c.token_ids) async for c in path.stream(request, RequestTrace())])
+
+    return run(go())
+
+
+def test_a_replica_that_failed_a_stream_gets_no_new_request_until_its_time_is_up():
+    # r0's engine is dead: every stream there fails before its first token.
+    decode = FakePool("decode_pool", replica_ids=("r0", "r1"), generate_error_after=0, failing_replica="r0")
+    now = [0.0]
+    path = _path(decode, now)
+    tokens = [_complete(path, i) for i in range(4)]
+    assert tokens == [3, 3, 3, 3]  # every request answered in full
+    targets = [r.target_replica for r in decode.generates]
+    assert targets[:2] == ["r0", "r1"]  # the first went to r0, failed and migrated
+    assert targets[2:] == ["r1", "r1", "r1"]  # round robin would have sent two of them to r0
+    assert path.metrics.decode_replicas_set_aside._value.get() == 1
+
+    now[0] = 10.5  # set aside no longer: r0 is tried again, fails again, is set aside again
+    assert _complete(path, 4) == 3 and _complete(path, 5) == 3
+    assert [r.target_replica for r in decode.generates[5:]].count("r0") == 1
+
+
+def test_with_every_replica_set_aside_all_are_tried():
+    decode = FakePool("decode_pool", replica_ids=("r0",), generate_error_after=0, failing_replica="r0")
+    now = [0.0]
+    path = _path(decode, now)
+    path.max_migrations = 0
+    for i in range(2):
+        try:
+            _complete(path, i)
+        except Exception:  # the only replica is dead: the error reaches the client
+            pass
+    assert [r.target_replica for r in decode.generates] == ["r0", "r0"]  # not routed nowhere
