@@ -33,8 +33,20 @@ ENGINE_OVERRIDES = {
     "decode_pool__engine__max_num_seqs": 1,
 }
 # Prompt lengths the test's steps use (400 and 2048) and around them; one sequence at a time.
-GRID = ["--isl", "256,512,1024,2048", "--batch", "1", "--context", "256,512,1024", "--prefill-batch", "",
-        "--mixed", "", "--repeats", "3"]
+GRID = [
+    "--isl",
+    "256,512,1024,2048",
+    "--batch",
+    "1",
+    "--context",
+    "256,512,1024",
+    "--prefill-batch",
+    "",
+    "--mixed",
+    "",
+    "--repeats",
+    "3",
+]
 
 
 def main() -> int:
