@@ -65,10 +65,15 @@ def pools(url: str) -> dict:
     return httpx.get(f"{url}/pools", timeout=10).json()["pools"]
 
 
-def wait_replicas(url: str, decode: int, prefill: int, timeout_s: float = 600) -> None:
+def wait_replicas(url: str, decode: int, prefill: int, gone: str | None = None, timeout_s: float = 600) -> None:
+    """Until the pools are whole again and the replica hit (`gone`, whose engine may be dead while its
+    actor still lists it) has left them."""
+
     def replaced() -> bool:
         p = pools(url)
-        return len(p.get("decode_pool", [])) >= decode and len(p.get("prefill_pool", [])) >= prefill
+        listed = {r["replica_id"] for replicas in p.values() for r in replicas}
+        whole = len(p.get("decode_pool", [])) >= decode and len(p.get("prefill_pool", [])) >= prefill
+        return whole and gone not in listed
 
     launch.wait_until(replaced, "replicas replaced", timeout_s)
 
@@ -96,22 +101,22 @@ def busiest(url: str, pool: str) -> dict:
     return max(replicas, key=lambda r: (r["stats"] or {}).get("num_running", 0))
 
 
-def inject(url: str, scenario: str) -> str:
-    """Inject the fault; returns what was hit."""
+def inject(url: str, scenario: str) -> tuple[str, str | None]:
+    """Inject the fault; returns what was hit and the replica it was in."""
     import ray
 
     if scenario == "none":
-        return "-"
+        return "-", None
     pool = "prefill_pool" if scenario.startswith("prefill") else "decode_pool"
     victim = busiest(url, pool)
     if scenario == "engine-core-crashed":
         replica_process = psutil.Process(victim["info"]["pid"])
         core = next(p for p in replica_process.children() if "EngineCore" in p.name())
         core.kill()
-        return f"EngineCore pid {core.pid} of {victim['replica_id']}"
+        return f"EngineCore pid {core.pid} of {victim['replica_id']}", victim["replica_id"]
     actor = ray.get_actor(f"SERVE_REPLICA::{APP}#{pool}#{victim['replica_id']}", namespace="serve")
     ray.kill(actor, no_restart=True)
-    return f"{pool} replica {victim['replica_id']}"
+    return f"{pool} replica {victim['replica_id']}", victim["replica_id"]
 
 
 async def scenario_run(url: str, scenario: str, specs, concurrency: int, inject_after_s: float, hang_s: float):
@@ -119,10 +124,10 @@ async def scenario_run(url: str, scenario: str, specs, concurrency: int, inject_
     load = asyncio.create_task(run_concurrency(target, specs, concurrency, timeout_s=hang_s))
     await asyncio.sleep(inject_after_s)
     injected_at = time.perf_counter()
-    hit = await asyncio.to_thread(inject, url, scenario)
+    hit, replica = await asyncio.to_thread(inject, url, scenario)
     records, duration = await load
     in_flight = sum(1 for r in records if r.start_s <= injected_at <= r.start_s + (r.e2e_s or duration))
-    return records, duration, hit, in_flight
+    return records, duration, hit, replica, in_flight
 
 
 def tally(records, specs) -> dict:
@@ -157,13 +162,14 @@ def tally(records, specs) -> dict:
 def run_scenarios(url: str, scenarios: list[str], workload, args, decode: int, prefill: int, first: int) -> dict:
     """Each scenario on fresh requests (from index `first` of the workload), after the pools are whole again."""
     results = {}
+    hit_replica = None
     for i, scenario in enumerate(scenarios):
-        wait_replicas(url, decode=decode, prefill=prefill)
+        wait_replicas(url, decode=decode, prefill=prefill, gone=hit_replica)
         start = first + i * args.requests
         specs = workload.requests(start + args.requests)[start:]
         print(f"== {scenario}", flush=True)
         before = counters(url)
-        records, duration, hit, in_flight = asyncio.run(
+        records, duration, hit, hit_replica, in_flight = asyncio.run(
             scenario_run(url, scenario, specs, args.concurrency, args.inject_after_s, args.hang_s)
         )
         results[scenario] = {
@@ -174,6 +180,7 @@ def run_scenarios(url: str, scenarios: list[str], workload, args, decode: int, p
             "frontend_counters": counted(before, counters(url)),
         }
         print(json.dumps(results[scenario]), flush=True)
+    wait_replicas(url, decode=decode, prefill=prefill, gone=hit_replica)  # the next app starts on a whole pool
     return results
 
 
