@@ -40,6 +40,8 @@ class _SamplingFields(_Body):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    # vLLM's extension: each choice carries its token ids, and the answer the prompt's.
+    return_token_ids: bool = False
     # Accepted only at their no-op values (see `unsupported_fields`).
     logit_bias: dict[str, float] | None = None
     best_of: int | None = None

@@ -68,6 +68,7 @@ class PreparedRequest:
     stream: bool
     include_usage: bool
     arrival: float
+    return_token_ids: bool = False
 
 
 def _sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> SamplingSpec:
@@ -239,6 +240,7 @@ class CompletionService:
             stream=req.stream,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             arrival=arrival,
+            return_token_ids=req.return_token_ids,
         )
 
     def _check_stops(self, stops: list[str]) -> None:
@@ -350,7 +352,8 @@ class CompletionService:
         except Exception as e:
             self.metrics.requests.labels(p.endpoint.value, "server_error").inc()
             raise server_error(f"generation failed: {_cause(e)}") from None
-        return whole_response(p.endpoint, p.header, totals, self._finish(p, totals, trace))
+        prompt_ids = p.engine_request.prompt_token_ids if p.return_token_ids else None
+        return whole_response(p.endpoint, p.header, totals, self._finish(p, totals, trace), prompt_ids)
 
     async def _sse(self, p: PreparedRequest, slot: _Slot) -> AsyncIterator[str]:
         totals, trace = CompletionTotals(), RequestTrace()
@@ -364,12 +367,19 @@ class CompletionService:
         self, p: PreparedRequest, totals: CompletionTotals, trace: RequestTrace
     ) -> AsyncIterator[str]:
         try:
+            ids = p.return_token_ids
+            prompt_ids = p.engine_request.prompt_token_ids if ids else None
             if p.endpoint is Endpoint.CHAT:
-                yield sse.event(role_chunk(p.header))
+                yield sse.event(role_chunk(p.header, prompt_ids))
+                prompt_ids = None
             async for chunk in self._chunks(p, trace):
                 totals.add(chunk)
-                if chunk.text or chunk.finish_reason is not None:
-                    yield sse.event(delta_chunk(p.endpoint, p.header, chunk.text, chunk.finish_reason))
+                if chunk.text or chunk.finish_reason is not None or (ids and chunk.token_ids):
+                    token_ids = chunk.token_ids if ids else None
+                    yield sse.event(
+                        delta_chunk(p.endpoint, p.header, chunk.text, chunk.finish_reason, token_ids, prompt_ids)
+                    )
+                    prompt_ids = None
         except (asyncio.CancelledError, GeneratorExit):
             self.metrics.requests.labels(p.endpoint.value, "cancelled").inc()
             raise

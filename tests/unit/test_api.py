@@ -369,3 +369,37 @@ def test_migration_is_bounded_and_then_the_error_reaches_the_client():
     assert r.status_code == 500
     assert len(fe.decode.generates) == 3  # the first try and 2 migrations
     assert fe.metric("orchestrator_decode_migrations_total") == 2
+
+
+def test_return_token_ids_carries_the_output_and_prompt_ids_as_vllms_server_does():
+    fe = make_frontend(max_model_len=4096)
+    body = {"model": MODEL, "prompt": [1, 2, 3], "max_tokens": 2, "return_token_ids": True}
+
+    async def go():
+        async with fe.client() as c:
+            whole = (await c.post("/v1/completions", json=body)).json()
+            streamed = await c.post("/v1/completions", json=body | {"stream": True})
+            chat = await c.post(
+                "/v1/chat/completions",
+                json={
+                    "model": MODEL,
+                    "messages": [{"role": "user", "content": "a b"}],
+                    "max_tokens": 2,
+                    "return_token_ids": True,
+                    "stream": True,
+                },
+            )
+            return whole, streamed.text, chat.text
+
+    whole, streamed, chat = run(go())
+    assert whole["choices"][0]["token_ids"] == [5000, 5001] and whole["choices"][0]["prompt_token_ids"] == [1, 2, 3]
+    events = [e for e in sse.parse_events(streamed) if isinstance(e, dict)]
+    assert [e["choices"][0]["token_ids"] for e in events] == [[5000], [5001]]
+    assert (
+        events[0]["choices"][0]["prompt_token_ids"] == [1, 2, 3] and "prompt_token_ids" not in events[1]["choices"][0]
+    )
+    chat_events = [e for e in sse.parse_events(chat) if isinstance(e, dict)]
+    assert chat_events[0]["prompt_token_ids"] and [e["choices"][0]["token_ids"] for e in chat_events[1:]] == [
+        [5000],
+        [5001],
+    ]
