@@ -54,11 +54,11 @@ from tools.workloads import AzureTrace, RequestSpec, TokenPool, replay_offsets
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--workload", choices=["azure", "phases"], default="azure")
-    p.add_argument("--trace-path", default=str(launch.TRACES / "azure_conv_2023.csv"))
-    p.add_argument("--minutes", type=float, default=20.0, help="azure: leading minutes of the trace; phases: length")
-    p.add_argument("--rate-scale", type=float, default=8.0, help="azure: times the recorded rate")
-    p.add_argument("--rate", type=float, default=20.0, help="phases: mean requests/s")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="azure")
+    p.add_argument("--trace-path", default=None, help="azure, mooncake: the trace (default: the shared one)")
+    p.add_argument("--minutes", type=float, default=20.0, help="traces: leading minutes; generated loads: length")
+    p.add_argument("--rate-scale", type=float, default=8.0, help="traces: times the recorded rate")
+    p.add_argument("--rate", type=float, default=20.0, help="generated loads: mean (diurnal: peak) requests/s")
     p.add_argument("--gpu", choices=["H100", "H200", "A100"], default="H100")
     p.add_argument("--sim-model", choices=["llama-3.1-8b", "llama-3.1-70b", "qwen3-32b"], default="llama-3.1-8b")
     p.add_argument("--ttft-p99-ms", type=float, default=500.0)
@@ -101,19 +101,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 # -- workloads ---------------------------------------------------------------------------------------------------
 
 
-def azure_requests(args: argparse.Namespace) -> list[RequestSpec]:
-    trace = AzureTrace(args.trace_path, TokenPool.vocabulary(32000), seed=args.seed)
-    specs = trace.requests()
+TOKENS = (100, 32000)
+
+
+def _replayed(specs: list[RequestSpec], args: argparse.Namespace) -> list[RequestSpec]:
     offsets = replay_offsets(specs, 1.0, args.rate_scale)
     horizon = args.minutes * 60
     return [replace(s, arrival_s=t) for s, t in zip(specs, offsets) if t < horizon]
+
+
+def azure_requests(args: argparse.Namespace) -> list[RequestSpec]:
+    path = args.trace_path or str(launch.TRACES / "azure_conv_2023.csv")
+    return _replayed(AzureTrace(path, TokenPool.vocabulary(32000), seed=args.seed).requests(), args)
+
+
+def mooncake_requests(args: argparse.Namespace) -> list[RequestSpec]:
+    """Mooncake's conversation trace at its own lengths (512-token blocks), shared prefixes kept."""
+    path = args.trace_path or str(launch.TRACES / "mooncake_conversation.jsonl")
+    trace = workloads.MooncakeTrace(path, TokenPool.vocabulary(32000), block_tokens=512, max_isl=32000)
+    return _replayed(trace.requests(), args)
 
 
 def phase_requests(args: argparse.Namespace) -> list[RequestSpec]:
     """A sinusoidal rate (period a third of the run) whose mix turns from
     prefill-heavy (ISL 3000 / OSL 100) to decode-heavy (ISL 300 / OSL 600)
     half-way; unique prompts."""
-    return workloads.phase_requests(args.minutes, args.rate, (3000, 100), (300, 600), args.seed, (100, 32000))
+    return workloads.phase_requests(args.minutes, args.rate, (3000, 100), (300, 600), args.seed, TOKENS)
+
+
+WORKLOADS: dict[str, Callable[[argparse.Namespace], list[RequestSpec]]] = {
+    "azure": azure_requests,
+    "phases": phase_requests,
+    "mooncake": mooncake_requests,
+    "bursty-prefill": lambda a: workloads.bursty_prefill_requests(a.minutes, a.rate, a.seed, TOKENS),
+    "decode-heavy": lambda a: workloads.decode_heavy_requests(a.minutes, a.rate, a.seed, TOKENS),
+    "diurnal": lambda a: workloads.diurnal_requests(a.minutes, a.rate, a.seed, TOKENS),
+}
+# The loads the planner's rules and its tuned constant were fitted to; every other one is a test load.
+TRAINING = ("azure", "phases")
 
 
 # -- observation -----------------------------------------------------------------------------------------------------
@@ -288,7 +313,7 @@ def _ms(seconds: float | None) -> float | None:
 
 
 def run_experiment(args: argparse.Namespace) -> int:
-    requests = azure_requests(args) if args.workload == "azure" else phase_requests(args)
+    requests = WORKLOADS[args.workload](args)
     horizon = max(r.arrival_s for r in requests)
     engine = SimEngineConfig(kind="sim", gpu=args.gpu, model=args.sim_model, link="infiniband")
     perf = perf_model(engine)
@@ -407,6 +432,7 @@ def run_experiment(args: argparse.Namespace) -> int:
         "experiment": "autoscale",
         "version": 1,
         "workload": args.workload,
+        "set": "training" if args.workload in TRAINING else "test",
         "requests": len(requests),
         "initial_replicas": {"prefill": initial[0], "decode": initial[1]},
         "horizon_s": horizon,

@@ -234,3 +234,88 @@ def phase_requests(
             continue
         isl, osl = prefill_phase if t < horizon / 2 else decode_phase
         out.append(RequestSpec(tuple(rng.randrange(*token_range) for _ in range(isl)), osl, arrival_s=t))
+
+
+# -- generated load shapes for the planner's train/test workloads -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LogNormalLength:
+    """A length drawn log-normally by its median and mean (mean > median: a right tail), clipped."""
+
+    median: float
+    mean: float
+    min: int = 1
+    max: int = 16384
+
+    def draw(self, rng: random.Random) -> int:
+        sigma = math.sqrt(2 * math.log(self.mean / self.median)) if self.mean > self.median else 0.0
+        return max(self.min, min(round(rng.lognormvariate(math.log(self.median), sigma)), self.max))
+
+
+def _unique_prompt(rng: random.Random, isl: int, token_range: tuple[int, int]) -> tuple[int, ...]:
+    return tuple(rng.choices(range(*token_range), k=isl))
+
+
+def bursty_prefill_requests(
+    minutes: float,
+    rate: float,
+    seed: int,
+    token_range: tuple[int, int],
+    burst_cv: float = 2.5,
+    isl: LogNormalLength = LogNormalLength(median=1470, mean=2000, min=64, max=8192),
+    osl: LogNormalLength = LogNormalLength(median=20, mean=28, min=2, max=512),
+) -> list[RequestSpec]:
+    """Code-completion-like: long prompts, short outputs, arriving in bursts. Gaps between
+    arrivals are gamma distributed with mean 1 / `rate` and coefficient of variation
+    `burst_cv` (1 would be Poisson; 2.5 packs most requests into clusters)."""
+    rng = random.Random(seed)
+    shape = 1 / burst_cv**2
+    horizon, out, t = minutes * 60, [], 0.0
+    while True:
+        t += rng.gammavariate(shape, 1 / (rate * shape))
+        if t >= horizon:
+            return out
+        out.append(RequestSpec(_unique_prompt(rng, isl.draw(rng), token_range), osl.draw(rng), arrival_s=t))
+
+
+def decode_heavy_requests(
+    minutes: float,
+    rate: float,
+    seed: int,
+    token_range: tuple[int, int],
+    isl: LogNormalLength = LogNormalLength(median=250, mean=300, min=16, max=2048),
+    osl: LogNormalLength = LogNormalLength(median=600, mean=800, min=32, max=4096),
+) -> list[RequestSpec]:
+    """Long outputs after short prompts (summaries, long-form generation), Poisson arrivals."""
+    rng = random.Random(seed)
+    horizon, out, t = minutes * 60, [], 0.0
+    while True:
+        t += rng.expovariate(rate)
+        if t >= horizon:
+            return out
+        out.append(RequestSpec(_unique_prompt(rng, isl.draw(rng), token_range), osl.draw(rng), arrival_s=t))
+
+
+def diurnal_requests(
+    minutes: float,
+    peak_rate: float,
+    seed: int,
+    token_range: tuple[int, int],
+    trough: float = 0.15,
+    isl: LogNormalLength = LogNormalLength(median=800, mean=1100, min=16, max=8192),
+    osl: LogNormalLength = LogNormalLength(median=150, mean=200, min=4, max=2048),
+) -> list[RequestSpec]:
+    """One day compressed into the run: the rate ramps from `trough` x `peak_rate` at the start up
+    to `peak_rate` half-way and back down (a raised cosine), conversation-like lengths; Poisson
+    arrivals at that rate (thinning)."""
+    rng = random.Random(seed)
+    horizon, out, t = minutes * 60, [], 0.0
+    while True:
+        t += rng.expovariate(peak_rate)
+        if t >= horizon:
+            return out
+        level = trough + (1 - trough) * (1 - math.cos(2 * math.pi * t / horizon)) / 2
+        if rng.random() > level:
+            continue
+        out.append(RequestSpec(_unique_prompt(rng, isl.draw(rng), token_range), osl.draw(rng), arrival_s=t))
