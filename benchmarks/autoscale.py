@@ -66,12 +66,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval-s", type=float, default=30.0)
     p.add_argument("--startup-s", type=float, default=30.0, help="a new replica's model load time")
     p.add_argument("--max-replicas", type=int, default=16, help="per pool")
-    p.add_argument(
-        "--scale-down-s",
-        type=float,
-        default=90.0,
-        help="planner: seconds of asking for fewer before a pool shrinks (rounded to intervals)",
-    )
+    shrink = "planner: seconds of asking for fewer before a pool shrinks (rounded to intervals)"
+    p.add_argument("--scale-down-s", type=float, default=90.0, help=shrink)
     p.add_argument(
         "--lookahead-s",
         type=float,
@@ -364,22 +360,13 @@ def run_experiment(args: argparse.Namespace) -> int:
     def run_named(name: str) -> tuple[dict[str, Any], list[dict]]:
         log: list[dict] = []
         tick = None
-        if name == "planner":
+        if name in ("planner", "foresight"):
             controller = planner_controller(
                 planner(initial),
                 args.interval_s,
                 args.startup_s,
                 log,
-                peak_window_s=peak_window,
-                backlog=not args.no_backlog,
-            )
-        elif name == "foresight":
-            controller = planner_controller(
-                planner(initial),
-                args.interval_s,
-                args.startup_s,
-                log,
-                requests,
+                requests if name == "foresight" else None,
                 peak_window_s=peak_window,
                 backlog=not args.no_backlog,
             )

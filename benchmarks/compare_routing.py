@@ -38,7 +38,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repos
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import launch, peers, report  # noqa: E402
-from tools.bench import hardware, run_trace, warm_up  # noqa: E402
+from tools.bench import run_trace, warm_up  # noqa: E402
 from tools.bench_stats import parse_slo  # noqa: E402
 from tools.runner import Target, poisson_offsets  # noqa: E402
 from tools.workloads import LengthDist, MooncakeTrace, SyntheticWorkload, TokenPool  # noqa: E402
@@ -129,14 +129,13 @@ def main() -> None:
     slo = parse_slo(["ttft_p99_ms=1000", "itl_p50_ms=50"])
     logs = Path(args.out).with_suffix("")
     logs.mkdir(parents=True, exist_ok=True)
-    doc = {
-        "benchmark": "compare_routing",
-        "version": 1,
-        "hardware": hardware(),
-        "replicas": REPLICAS,
-        "slo": {t.key: t.limit_ms for t in slo},
-        "workloads": {},
-    }
+    doc = report.document(
+        "compare_routing",
+        1,
+        replicas=REPLICAS,
+        slo={t.key: t.limit_ms for t in slo},
+        workloads={},
+    )
     if args.merge and Path(args.out).exists():
         doc = json.loads(Path(args.out).read_text())
     for name in args.workloads.split(","):
@@ -178,13 +177,10 @@ def _table(results: dict) -> str:
     def row(name: str, r: dict) -> list:
         if "error" in r:
             return [name, "-", "-", "-", "-", "-", f"failed: {r['error'][:60]}"]
-        hit = "-" if r["prefix_hit_rate"] is None else f"{r['prefix_hit_rate']:.1%}"
         return [
             name,
-            f"{r['ttft_ms']['p50']:.1f}",
-            f"{r['ttft_ms']['p99']:.1f}",
-            f"{r['itl_ms']['p50']:.2f}",
-            hit,
+            *report.latency_cells(r),
+            report.hit_rate(r),
             f"{r['goodput_requests']:.2f}",
             f"{r['completed']} / {r['sent']}",
         ]

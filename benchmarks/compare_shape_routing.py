@@ -43,7 +43,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repos
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import launch, report  # noqa: E402
-from tools.bench import hardware, warm_up  # noqa: E402
+from tools.bench import warm_up  # noqa: E402
 from tools.bench_stats import parse_slo, summarize  # noqa: E402
 from tools.runner import Target, poisson_offsets, run_schedule  # noqa: E402
 from tools.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E402
@@ -171,17 +171,16 @@ def main() -> None:
 
     port = launch.free_port()
     base = launch.local_url(port)
-    doc = {
-        "benchmark": "shape_routing",
-        "version": 1,
-        "hardware": hardware(),
-        "workload": description,
-        "slo": {t.key: t.limit_ms for t in slo},
-        "shape": SHAPE,
-        "kv_cache_gib": KV_GIB,
-        "sim_profile": str(PROFILE.relative_to(launch.ROOT)),
-        "results": {},
-    }
+    doc = report.document(
+        "shape_routing",
+        1,
+        workload=description,
+        slo={t.key: t.limit_ms for t in slo},
+        shape=SHAPE,
+        kv_cache_gib=KV_GIB,
+        sim_profile=str(PROFILE.relative_to(launch.ROOT)),
+        results={},
+    )
     started = time.time()
     # No HAProxy: Serve's Python proxy, as the committed results were measured.
     with launch.ours({v: app_config(v) for v in variants}, in_process=True, port=port, ingress=False, timeout_s=600):
@@ -207,15 +206,12 @@ def markdown(doc: dict) -> str:
     w = doc["workload"]
 
     def row(v: str, cls: str, x: dict) -> list:
-        hit = "-" if x["prefix_hit_rate"] is None else f"{x['prefix_hit_rate']:.1%}"
         return [
             v,
             cls,
-            f"{x['ttft_ms']['p50']:.1f}",
-            f"{x['ttft_ms']['p99']:.1f}",
-            f"{x['itl_ms']['p50']:.2f}",
+            *report.latency_cells(x),
             f"{x['goodput_requests']:.2f}",
-            hit,
+            report.hit_rate(x),
             f"{x['completed']} / {x['sent']}",
         ]
 

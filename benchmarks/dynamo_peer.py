@@ -203,33 +203,18 @@ def _worker_env(cfg: AppConfig, kv_dir: Path, **extra: str) -> dict[str, str]:
     return env
 
 
-def _engine_args(cfg: AppConfig) -> list[str]:
-    """The same engine settings as our own pools' (configs/disagg-cpu.yaml via launch.app_args)."""
-    engine = cfg.decode_pool.engine
-    args = [
-        "--model",
-        str(MODEL_DIR),
-        "--served-model-name",
-        cfg.model.name,
-        "--dtype",
-        cfg.model.dtype,
-        "--max-model-len",
-        str(cfg.model.max_model_len),
-        "--block-size",
-        str(cfg.kv_cache.block_size),
-        "--kv-cache-memory-bytes",
-        str(peers.kv_cache_bytes(cfg)),
-        "--enable-prefix-caching",
-    ]
-    if engine.enforce_eager:
-        args.append("--enforce-eager")
-    return args
-
-
 def _worker(python: Path, cfg: AppConfig, kv_dir: Path, log: Path, mode: str | None = None) -> subprocess.Popen:
     """One `dynamo.vllm` worker publishing KV events on a port of its own; mode None, 'prefill' or 'decode'."""
     events = {"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": f"tcp://*:{free_port()}"}
-    cmd = [str(python), "-m", "dynamo.vllm", *_engine_args(cfg), *PLANES, "--kv-events-config", json.dumps(events)]
+    cmd = [
+        str(python),
+        "-m",
+        "dynamo.vllm",
+        *peers.vllm_engine_args(cfg),
+        *PLANES,
+        "--kv-events-config",
+        json.dumps(events),
+    ]
     extra = {}
     if mode is not None:
         cmd += ["--disaggregation-mode", mode, "--kv-transfer-config", json.dumps(NIXL_KV_TRANSFER)]

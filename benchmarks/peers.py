@@ -57,36 +57,24 @@ def kv_cache_bytes(cfg: AppConfig) -> int:
 # -- vLLM's own OpenAI server ------------------------------------------------------------------------------------------
 
 
+def vllm_engine_args(cfg: AppConfig) -> list[str]:
+    """vLLM command-line flags with our pools' engine settings (model, dtype, lengths, block size, KV bytes,
+    prefix caching, eager mode), for every peer that runs a vLLM engine."""
+    args = ["--model", str(MODEL_DIR), "--served-model-name", cfg.model.name, "--dtype", cfg.model.dtype]
+    args += ["--max-model-len", str(cfg.model.max_model_len), "--block-size", str(cfg.kv_cache.block_size)]
+    args += ["--kv-cache-memory-bytes", str(kv_cache_bytes(cfg)), "--enable-prefix-caching"]
+    if cfg.decode_pool.engine.enforce_eager:
+        args.append("--enforce-eager")
+    return args
+
+
 def vllm_server(
     python: Path, port: int, cfg: AppConfig, log: Path, extra: list[str] = (), env: dict[str, str] | None = None
 ) -> subprocess.Popen:
     env = {**os.environ, **process_env(cfg.decode_pool.engine, cfg.network), **(env or {})}
-    cmd = [
-        str(python),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(MODEL_DIR),
-        "--served-model-name",
-        cfg.model.name,
-        "--dtype",
-        cfg.model.dtype,
-        "--max-model-len",
-        str(cfg.model.max_model_len),
-        "--block-size",
-        str(cfg.kv_cache.block_size),
-        "--kv-cache-memory-bytes",
-        str(kv_cache_bytes(cfg)),
-        "--enforce-eager",
-        "--enable-prefix-caching",
-        "--enable-prompt-tokens-details",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--disable-log-stats",
-        *extra,
-    ]
+    cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", *vllm_engine_args(cfg)]
+    cmd += ["--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats"]
+    cmd += list(extra)
     return subprocess.Popen(cmd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
 
 

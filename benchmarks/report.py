@@ -14,7 +14,25 @@ from typing import Any
 
 from tools.report import pyplot, save_figure, table
 
-__all__ = ["machine", "percent", "pyplot", "save_figure", "table", "write", "write_json"]
+__all__ = [
+    "document",
+    "hit_rate",
+    "latency_cells",
+    "machine",
+    "percent",
+    "pyplot",
+    "save_figure",
+    "table",
+    "write",
+    "write_json",
+]
+
+
+def document(benchmark: str, version: int, **fields: Any) -> dict[str, Any]:
+    """A result document's head: what ran it (name, schema version, the machine), then `fields`."""
+    from tools.bench import hardware
+
+    return {"benchmark": benchmark, "version": version, "hardware": hardware(), **fields}
 
 
 def write_json(path: str | Path, doc: Any, indent: int = 2) -> Path:
@@ -53,3 +71,13 @@ def percent(x: float | None, signed: bool = False) -> str:
 def machine() -> dict[str, Any]:
     """This machine as the result documents record it."""
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()}
+
+
+def latency_cells(r: dict) -> list[str]:
+    """A summary's TTFT p50 / p99 and ITL p50 (ms), as table cells."""
+    return [f"{r['ttft_ms']['p50']:.1f}", f"{r['ttft_ms']['p99']:.1f}", f"{r['itl_ms']['p50']:.2f}"]
+
+
+def hit_rate(r: dict) -> str:
+    """A summary's prefix hit rate as a cell ('-' where the engines report none)."""
+    return "-" if r.get("prefix_hit_rate") is None else f"{r['prefix_hit_rate']:.1%}"

@@ -44,6 +44,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/gpu/<name>.py`: the r
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from benchmarks import launch, report  # noqa: E402
+from benchmarks.gpu.checks import check, metric, transfer_totals  # noqa: E402
 from benchmarks.launch import ROOT  # noqa: E402
 from orchestrator.config import AppConfig, load_app_config, shipped_config  # noqa: E402
 
@@ -78,11 +79,6 @@ def sse_text(response: httpx.Response, chat: bool) -> tuple[str, dict | None]:
         for choice in event.get("choices", []):
             text += (choice.get("delta", {}).get("content") or "") if chat else choice.get("text", "")
     return text, usage
-
-
-def check(results: list[dict], name: str, ok: bool, **evidence: Any) -> None:
-    results.append({"check": name, "ok": bool(ok), **evidence})
-    print(f"{'ok  ' if ok else 'FAIL'} {name} {json.dumps(evidence)[:300]}", flush=True)
 
 
 def requests_and_outputs(url: str, model: str, results: list[dict]) -> None:
@@ -142,14 +138,6 @@ def requests_and_outputs(url: str, model: str, results: list[dict]) -> None:
         )
 
 
-def metric(text: str, name: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(name) and not line.startswith(name + "_created"):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
-
-
 def kv_transferred(url: str, results: list[dict]) -> None:
     time.sleep(3)  # replicas report their stats every second
     pools = httpx.get(f"{url}/pools", timeout=30).json()["pools"]
@@ -169,9 +157,9 @@ def kv_transferred(url: str, results: list[dict]) -> None:
         len(set(bootstrap)) == len(bootstrap) and all(port is not None for _, port in bootstrap),
         host_ports=bootstrap,
     )
-    transferred = sum(s.get("prompt_tokens_transferred_total", 0) for s in decode)
-    transfers = sum(s.get("kv_transfers_total", 0) for s in decode)
-    failures = sum(s.get("kv_transfer_failures_total", 0) for s in decode)
+    totals = transfer_totals(decode)
+    transfers, transferred = totals["kv_transfers_total"], totals["prompt_tokens_transferred_total"]
+    failures = totals["kv_transfer_failures_total"]
     computed_on_decode = sum(s.get("prompt_tokens_computed_total", 0) for s in decode)
     computed_on_prefill = sum(s.get("prompt_tokens_computed_total", 0) for s in prefill)
     check(
@@ -200,7 +188,7 @@ def kv_transferred(url: str, results: list[dict]) -> None:
         prefill_fallbacks=fallbacks,
     )
     indexed = [r.get("indexed_blocks", 0) for r in pools["prefill_pool"]]
-    malformed = metric(text, "orchestrator_kv_events_malformed")
+    malformed = metric(text, "orchestrator_kv_events_malformed_total")
     check(
         results,
         "KV events of prefill replicas indexed, none malformed",

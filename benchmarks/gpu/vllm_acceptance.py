@@ -48,6 +48,7 @@ if __package__ in (None, ""):  # run as `python benchmarks/gpu/<name>.py`: the r
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 from benchmarks import launch, report  # noqa: E402
+from benchmarks.gpu.checks import check, metric, transfer_totals  # noqa: E402
 from orchestrator.config import AppConfig, shipped_config  # noqa: E402
 from tools.bench_stats import percentiles  # noqa: E402
 from tools.runner import Target, run_concurrency  # noqa: E402
@@ -87,11 +88,6 @@ def bare_vllm_command(cfg: AppConfig, port: int) -> list[str]:
     return cmd
 
 
-def check(results: list[dict], name: str, ok: bool, **evidence: Any) -> None:
-    results.append({"check": name, "ok": bool(ok), **evidence})
-    print(f"{'ok  ' if ok else 'FAIL'} {name} {json.dumps(evidence)[:300]}", flush=True)
-
-
 def answers(url: str, model: str) -> dict[str, str]:
     """Greedy outputs of the fixed requests, whole and streamed."""
     out = {}
@@ -112,17 +108,6 @@ def answers(url: str, model: str) -> dict[str, str]:
 
 def body_of(model: str, prompt: str) -> dict:
     return {"model": model, "prompt": prompt, "max_tokens": 32, "temperature": 0}
-
-
-def metric(text: str, name: str, **labels: str) -> float:
-    from prometheus_client.parser import text_string_to_metric_families
-
-    return sum(
-        s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-        if s.name == name and all(s.labels.get(k) == v for k, v in labels.items())
-    )
 
 
 def disaggregation_checks(url: str, reference: dict[str, str], model: str, results: list[dict]) -> None:
@@ -148,9 +133,9 @@ def disaggregation_checks(url: str, reference: dict[str, str], model: str, resul
         prefill_fallbacks=fallbacks,
     )
     decode = [r["stats"] or {} for r in httpx.get(f"{url}/pools", timeout=30).json()["pools"]["decode_pool"]]
-    transfers = sum(s.get("kv_transfers_total", 0) for s in decode)
-    transferred = sum(s.get("prompt_tokens_transferred_total", 0) for s in decode)
-    failures = sum(s.get("kv_transfer_failures_total", 0) for s in decode)
+    totals = transfer_totals(decode)
+    transfers, transferred = totals["kv_transfers_total"], totals["prompt_tokens_transferred_total"]
+    failures = totals["kv_transfer_failures_total"]
     check(
         results,
         "NIXL connector reported the transfers on the decode replica",
