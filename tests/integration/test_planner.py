@@ -164,3 +164,32 @@ def test_prefill_heavy_load_grows_the_prefill_pool_then_shrinks_it(apps):
 def test_long_outputs_grow_the_decode_pool_then_shrink_it(apps):
     # 3 req/s x 200 output tokens at 2000 tokens of context: 4 sequences fit a decode replica's KV.
     scale_cycle(apps, "planner", SIM_MODEL, isl=2000, osl=200, rate=3, grown=(1, 2), seed=2)
+
+
+def test_a_load_stepping_down_shrinks_the_decode_pool_and_no_stream_is_lost(apps):
+    """Scale-down under load: long outputs grow the decode pool to 2; the load then steps down (not to zero)
+    to what one replica serves, and the planner removes a replica while streams run on both. The removed
+    replica leaves the live set at once and drains: its streams finish there (or migrate); none is lost."""
+    app = "planner"
+    apps.wait_until(lambda: replica_counts(apps, app) == (1, 1), 120, "1 prefill + 1 decode replica")
+    migrations_before = apps.metric(app, "orchestrator_decode_migrations_total")
+    timeline = Timeline(apps, app)
+    high = Load(apps, app, SIM_MODEL, isl=2000, osl=200, rate=3, seconds=120, seed=11)
+    low = None
+    try:
+        timeline.wait_for(apps, (1, 2), 60, "the decode pool to grow")
+        high.stop()
+        # One request every 2 s, each streaming ~200 tokens: always a stream or two in flight.
+        low = Load(apps, app, SIM_MODEL, isl=2000, osl=200, rate=0.5, seconds=120, seed=12)
+        timeline.wait_for(apps, (1, 1), 120, "the decode pool to shrink under the low load")
+        time.sleep(5)  # streams that started on the removed replica finish while it drains
+    finally:
+        high.stop()
+        if low is not None:
+            low.stop()
+        rows = timeline.stop()
+    results = high.join() + (low.join() if low is not None else [])
+    lost = [r for r in results if r != (200, 200)]
+    assert results and not lost, (lost, rows)
+    migrated = apps.metric(app, "orchestrator_decode_migrations_total") - migrations_before
+    print(f"scale-down under load: {len(results)} requests, {migrated:.0f} migrated, timeline {rows}")
