@@ -22,6 +22,7 @@ import csv
 import json
 import math
 import random
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -257,6 +258,26 @@ def _unique_prompt(rng: random.Random, isl: int, token_range: tuple[int, int]) -
     return tuple(rng.choices(range(*token_range), k=isl))
 
 
+def _arrivals(
+    minutes: float,
+    rng: random.Random,
+    gap: Callable[[], float],
+    token_range: tuple[int, int],
+    isl: LogNormalLength,
+    osl: LogNormalLength,
+    keep: Callable[[float], bool] = lambda t: True,
+) -> list[RequestSpec]:
+    """Requests whose arrival times step by `gap()` over the run, each kept when `keep(t)` (thinning),
+    with a unique prompt of `isl` and `osl` output tokens."""
+    horizon, out, t = minutes * 60, [], 0.0
+    while True:
+        t += gap()
+        if t >= horizon:
+            return out
+        if keep(t):
+            out.append(RequestSpec(_unique_prompt(rng, isl.draw(rng), token_range), osl.draw(rng), arrival_s=t))
+
+
 def bursty_prefill_requests(
     minutes: float,
     rate: float,
@@ -271,12 +292,7 @@ def bursty_prefill_requests(
     `burst_cv` (1 would be Poisson; 2.5 packs most requests into clusters)."""
     rng = random.Random(seed)
     shape = 1 / burst_cv**2
-    horizon, out, t = minutes * 60, [], 0.0
-    while True:
-        t += rng.gammavariate(shape, 1 / (rate * shape))
-        if t >= horizon:
-            return out
-        out.append(RequestSpec(_unique_prompt(rng, isl.draw(rng), token_range), osl.draw(rng), arrival_s=t))
+    return _arrivals(minutes, rng, lambda: rng.gammavariate(shape, 1 / (rate * shape)), token_range, isl, osl)
 
 
 def decode_heavy_requests(
@@ -289,12 +305,7 @@ def decode_heavy_requests(
 ) -> list[RequestSpec]:
     """Long outputs after short prompts (summaries, long-form generation), Poisson arrivals."""
     rng = random.Random(seed)
-    horizon, out, t = minutes * 60, [], 0.0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= horizon:
-            return out
-        out.append(RequestSpec(_unique_prompt(rng, isl.draw(rng), token_range), osl.draw(rng), arrival_s=t))
+    return _arrivals(minutes, rng, lambda: rng.expovariate(rate), token_range, isl, osl)
 
 
 def diurnal_requests(
@@ -310,12 +321,9 @@ def diurnal_requests(
     to `peak_rate` half-way and back down (a raised cosine), conversation-like lengths; Poisson
     arrivals at that rate (thinning)."""
     rng = random.Random(seed)
-    horizon, out, t = minutes * 60, [], 0.0
-    while True:
-        t += rng.expovariate(peak_rate)
-        if t >= horizon:
-            return out
-        level = trough + (1 - trough) * (1 - math.cos(2 * math.pi * t / horizon)) / 2
-        if rng.random() > level:
-            continue
-        out.append(RequestSpec(_unique_prompt(rng, isl.draw(rng), token_range), osl.draw(rng), arrival_s=t))
+    horizon = minutes * 60
+
+    def keep(t: float) -> bool:
+        return rng.random() <= trough + (1 - trough) * (1 - math.cos(2 * math.pi * t / horizon)) / 2
+
+    return _arrivals(minutes, rng, lambda: rng.expovariate(peak_rate), token_range, isl, osl, keep)
