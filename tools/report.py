@@ -95,22 +95,9 @@ def plot_sweep(docs: list[dict[str, Any]], path: str | Path) -> None:
             label=f"{label} goodput",
         )
         for pct, style in (("p50", "-"), ("p99", ":")):
-            axes[1].plot(
-                xs,
-                [p["ttft_ms"][pct] for p in doc["sweep"]],
-                linestyle=style,
-                marker=".",
-                color=color,
-                label=f"{label} TTFT {pct}",
-            )
-            axes[2].plot(
-                xs,
-                [p["itl_ms"][pct] for p in doc["sweep"]],
-                linestyle=style,
-                marker=".",
-                color=color,
-                label=f"{label} ITL {pct}",
-            )
+            for ax, key, name in ((axes[1], "ttft_ms", "TTFT"), (axes[2], "itl_ms", "ITL")):
+                values = [p[key][pct] for p in doc["sweep"]]
+                ax.plot(xs, values, linestyle=style, marker=".", color=color, label=f"{label} {name} {pct}")
         knee = (doc.get("knee") or {}).get("concurrency")
         if knee is not None:
             axes[0].axvline(knee, color=color, alpha=0.3)

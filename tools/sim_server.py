@@ -21,7 +21,6 @@ from orchestrator.config import (
     ModelConfig,
     PoolConfig,
     RoutingConfig,
-    SimEngineConfig,
 )
 from orchestrator.engines.adapter import EngineSpec
 from orchestrator.engines.base import EngineRole
@@ -29,6 +28,7 @@ from orchestrator.engines.local_pool import LocalPool
 from orchestrator.engines.sim_engine import SimEngine
 from orchestrator.frontend import PoolGroup, build_frontend
 from orchestrator.prompts import load_tokenizer
+from tools.simulate import sim_engine_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -52,14 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def app_config(args: argparse.Namespace) -> AppConfig:
     """One aggregated pool of one simulated engine, round-robin (there is nothing to choose between)."""
-    engine = SimEngineConfig(
-        kind="sim",
-        gpu=args.gpu,
-        model=args.sim_model,
-        tensor_parallel_size=args.tp,
-        profile=args.profile,
-        num_gpu_blocks=args.num_gpu_blocks,
-    )
+    engine = sim_engine_config(args)
     return AppConfig(
         model=ModelConfig(
             name=args.served_model_name, source=str(Path(args.tokenizer).expanduser()), max_model_len=args.max_model_len

@@ -46,14 +46,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.set_defaults(vocab_size=32000)
 
 
-def cluster_spec(args: argparse.Namespace) -> tuple[ClusterSpec, SimEngineConfig]:
-    engine = SimEngineConfig(
+def sim_engine_config(args: argparse.Namespace, **more) -> SimEngineConfig:
+    """The simulated engine the command line names (--gpu, --sim-model, --tp, --profile, --num-gpu-blocks)."""
+    return SimEngineConfig(
         kind="sim",
         gpu=args.gpu,
         model=args.sim_model,
         tensor_parallel_size=args.tp,
         profile=args.profile,
         num_gpu_blocks=args.num_gpu_blocks,
+        **more,
+    )
+
+
+def cluster_spec(args: argparse.Namespace) -> tuple[ClusterSpec, SimEngineConfig]:
+    engine = sim_engine_config(
+        args,
         link=args.link,
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
