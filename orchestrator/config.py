@@ -299,6 +299,12 @@ class FrontendConfig(_Strict):
         ge=0,
         description="A stream whose decode replica fails moves to another replica at most this often.",
     )
+    migration_wait_s: float = Field(
+        default=180.0,
+        ge=0,
+        description="A migration that finds no decode replica but those that failed the stream waits this long for "
+        "Serve to start one (a replacement engine loads in minutes), then tries the failed ones again.",
+    )
     limits: LimitsConfig = LimitsConfig()
     auth: AuthConfig = AuthConfig()
     data_plane: DataPlane = Field(

@@ -165,5 +165,6 @@ def _request_path(
         metrics=metrics,
         prefill_timeout_s=config.frontend.prefill_timeout_s,
         max_migrations=config.frontend.max_migrations,
+        migration_wait_s=config.frontend.migration_wait_s,
         detokenize=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
     )

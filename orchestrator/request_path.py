@@ -25,7 +25,10 @@ concurrent prefill on another prefill replica), counted in
 context on another, counted in `migrations`, and is set aside: no new
 request or migration is routed to it for `suspect_s` (a dead engine stays in
 the pool's live set until Serve's health checks replace it), unless every
-replica is set aside; then it is tried again.
+replica is set aside; then it is tried again. A migration never goes back to
+a replica that failed the same stream while another exists: when none does
+(the pool's last live replica died), it waits up to `migration_wait_s` for
+Serve to start one, then tries the failed ones again.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ import enum
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 
 from orchestrator.engines.base import (
@@ -56,6 +59,8 @@ log = logging.getLogger(__name__)
 # How long a decode replica that failed a stream gets no new request: about Serve's time to replace a dead
 # replica (health checks every 5 s, a few failures in a row).
 SUSPECT_S = 15.0
+# How often a migration waiting for a decode replica looks at the pool again.
+MIGRATION_POLL_S = 0.5
 
 
 class FallbackReason(str, enum.Enum):
@@ -99,6 +104,8 @@ class RequestPath:
         detokenize: Callable[[Sequence[int]], str] | None = None,
         rng: random.Random | None = None,
         suspect_s: float = SUSPECT_S,
+        migration_wait_s: float = 0.0,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.decode_pool = decode_pool
         self.prefill_pool = prefill_pool
@@ -115,6 +122,8 @@ class RequestPath:
         # that cannot prefill locally falls back to.
         self.rng = rng or random.Random()
         self.suspect_s = suspect_s
+        self.migration_wait_s = migration_wait_s
+        self._sleep = sleep
         self._suspect_until: dict[str, float] = {}  # decode replica -> when it may take new requests again
 
     async def stream(self, request: EngineRequest, trace: RequestTrace) -> AsyncIterator[EngineChunk]:
@@ -201,7 +210,7 @@ class RequestPath:
                     e,
                     trace.migrations,
                 )
-                request = self._migrate(original, generated, failed, trace.migrations)
+                request = await self._migrate(original, generated, failed, trace.migrations)
                 concurrent_with = None
 
     # -- replicas set aside after a failed stream ---------------------------------
@@ -231,15 +240,26 @@ class RequestPath:
             return ""
         return text[len(sent_text) :]
 
-    def _migrate(self, original: EngineRequest, generated: list[int], failed: set[str], attempt: int) -> EngineRequest:
+    async def _migrate(
+        self, original: EngineRequest, generated: list[int], failed: set[str], attempt: int
+    ) -> EngineRequest:
         """The continuation, routed to a decode replica that has not failed it."""
         continued = original.continued(generated, attempt)
-        candidates = [v for v in self._trusted_decode_replicas() if v.replica_id not in failed] or [
-            v for v in self.decode_pool.replicas() if v.replica_id not in failed
-        ]
-        route = self.scheduler.route_request(continued, None, candidates)
+        route = self.scheduler.route_request(continued, None, await self._migration_candidates(failed))
         self.scheduler.on_request_finished(continued.request_id)  # accounted under the original id
         return continued.for_decode(route.decode_replica, None)
+
+    async def _migration_candidates(self, failed: set[str]) -> list[ReplicaView]:
+        """Replicas that have not failed this stream, those not set aside first.
+        None: wait up to `migration_wait_s` for one to appear, then every replica."""
+        deadline = self.clock() + self.migration_wait_s
+        while True:
+            untried = [v for v in self._trusted_decode_replicas() if v.replica_id not in failed] or [
+                v for v in self.decode_pool.replicas() if v.replica_id not in failed
+            ]
+            if untried or self.clock() >= deadline:
+                return untried or self.decode_pool.replicas()
+            await self._sleep(MIGRATION_POLL_S)
 
     # -- concurrent KV handoff (KVHandoff.CONCURRENT) -------------------------
 

@@ -183,6 +183,7 @@ def test_a_crashed_engine_migrates_its_stream_and_its_replica_is_replaced(apps):
 
 
 def test_a_prefill_replica_dying_under_load_costs_local_prefills_not_requests(apps):
+    _wait_for_replicas(apps, "decode_pool", 2)
     (victim,) = _wait_for_replicas(apps, "prefill_pool", 1)
     bodies = [
         {

@@ -5,11 +5,16 @@ replica set aside, they are all tried."""
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from orchestrator.messages import EngineRequest, SamplingSpec
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.request_path import RequestPath, RequestTrace
 from orchestrator.routing.round_robin import RoundRobinScheduler
 from tests.factories import FakePool, run
+from tests.virtual_time import loop_time, run_virtual
 
 
 def _path(decode: FakePool, now: list[float]) -> RequestPath:
@@ -60,3 +65,35 @@ def test_with_every_replica_set_aside_all_are_tried():
         except Exception:  # the only replica is dead: the error reaches the client
             pass
     assert [r.target_replica for r in decode.generates] == ["r0", "r0"]  # not routed nowhere
+
+
+def _waiting_path(decode: FakePool, wait_s: float) -> RequestPath:
+    return RequestPath(
+        decode, None, RoundRobinScheduler(), FrontendMetrics(), 5, clock=loop_time, migration_wait_s=wait_s
+    )
+
+
+async def _tokens_when(path: RequestPath, replacement_at_s: float | None, decode: FakePool) -> tuple[int, float]:
+    """Streams one request while the pool's only replica is dead; Serve's
+    replacement `r1` joins the pool `replacement_at_s` later (None: never)."""
+    if replacement_at_s is not None:
+        asyncio.get_running_loop().call_later(replacement_at_s, setattr, decode, "replica_ids", ("r0", "r1"))
+    request = EngineRequest("req", (1, 2, 3), SamplingSpec(max_tokens=5, temperature=0))
+    tokens = [t async for c in path.stream(request, RequestTrace()) for t in c.token_ids]
+    return len(tokens), loop_time()
+
+
+def test_a_stream_whose_last_replica_died_waits_for_its_replacement_and_finishes():
+    decode = FakePool("decode_pool", replica_ids=("r0",), generate_error_after=2, failing_replica="r0")
+    tokens, took = run_virtual(_tokens_when(_waiting_path(decode, 120), 40.0, decode))
+    assert tokens == 5  # nothing lost, nothing repeated
+    assert 40.0 <= took < 41.0  # it waited for r1, not retried r0 meanwhile
+    assert [r.target_replica for r in decode.generates] == ["r0", "r1"]
+
+
+def test_with_no_replacement_in_time_the_failed_replica_is_tried_again():
+    decode = FakePool("decode_pool", replica_ids=("r0",), generate_error_after=0, failing_replica="r0")
+    path = _waiting_path(decode, 30)
+    with pytest.raises(RuntimeError, match="replica died"):
+        run_virtual(_tokens_when(path, None, decode))
+    assert [r.target_replica for r in decode.generates] == ["r0", "r0", "r0"]  # max_migrations=2, 30 s apart
