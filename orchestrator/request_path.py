@@ -39,7 +39,7 @@ import enum
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, replace
 
 from orchestrator.engines.base import (
@@ -105,7 +105,6 @@ class RequestPath:
         rng: random.Random | None = None,
         suspect_s: float = SUSPECT_S,
         migration_wait_s: float = 0.0,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.decode_pool = decode_pool
         self.prefill_pool = prefill_pool
@@ -123,7 +122,6 @@ class RequestPath:
         self.rng = rng or random.Random()
         self.suspect_s = suspect_s
         self.migration_wait_s = migration_wait_s
-        self._sleep = sleep
         self._suspect_until: dict[str, float] = {}  # decode replica -> when it may take new requests again
 
     async def stream(self, request: EngineRequest, trace: RequestTrace) -> AsyncIterator[EngineChunk]:
@@ -259,7 +257,7 @@ class RequestPath:
             ]
             if untried or self.clock() >= deadline:
                 return untried or self.decode_pool.replicas()
-            await self._sleep(MIGRATION_POLL_S)
+            await asyncio.sleep(MIGRATION_POLL_S)
 
     # -- concurrent KV handoff (KVHandoff.CONCURRENT) -------------------------
 

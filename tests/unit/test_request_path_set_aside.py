@@ -73,13 +73,20 @@ def _waiting_path(decode: FakePool, wait_s: float) -> RequestPath:
     )
 
 
-async def _tokens_when(path: RequestPath, replacement_at_s: float | None, decode: FakePool) -> tuple[int, float]:
+async def _tokens_when(
+    path: RequestPath, replacement_at_s: float | None, decode: FakePool, ended_at: list[float] | None = None
+) -> tuple[int, float]:
     """Streams one request while the pool's only replica is dead; Serve's
-    replacement `r1` joins the pool `replacement_at_s` later (None: never)."""
+    replacement `r1` joins the pool `replacement_at_s` later (None: never).
+    `ended_at` gets the loop time the stream ended at, however it ended."""
     if replacement_at_s is not None:
         asyncio.get_running_loop().call_later(replacement_at_s, setattr, decode, "replica_ids", ("r0", "r1"))
     request = EngineRequest("req", (1, 2, 3), SamplingSpec(max_tokens=5, temperature=0))
-    tokens = [t async for c in path.stream(request, RequestTrace()) for t in c.token_ids]
+    try:
+        tokens = [t async for c in path.stream(request, RequestTrace()) for t in c.token_ids]
+    finally:
+        if ended_at is not None:
+            ended_at.append(loop_time())
     return len(tokens), loop_time()
 
 
@@ -94,6 +101,8 @@ def test_a_stream_whose_last_replica_died_waits_for_its_replacement_and_finishes
 def test_with_no_replacement_in_time_the_failed_replica_is_tried_again():
     decode = FakePool("decode_pool", replica_ids=("r0",), generate_error_after=0, failing_replica="r0")
     path = _waiting_path(decode, 30)
+    ended_at: list[float] = []
     with pytest.raises(RuntimeError, match="replica died"):
-        run_virtual(_tokens_when(path, None, decode))
-    assert [r.target_replica for r in decode.generates] == ["r0", "r0", "r0"]  # max_migrations=2, 30 s apart
+        run_virtual(_tokens_when(path, None, decode, ended_at))
+    assert [r.target_replica for r in decode.generates] == ["r0", "r0", "r0"]  # max_migrations=2
+    assert 60.0 <= ended_at[0] < 62.0  # each retry after a 30 s wait for a replacement
