@@ -3,6 +3,8 @@ simulator (virtual time), one run per autoscaling policy, same requests:
 
   planner       our SLA planner (orchestrator/planner) with its predictor,
                 looking the replicas' start-up time ahead
+  planner-md1   the same with the prefill queue sized as M/D/1 (the rule
+                before burstiness was measured: `prefill_queueing: md1`)
   foresight     the same planner (same sizing, corrections, hysteresis) told
                 the coming load instead of predicting it: rate, ISL, OSL and
                 peak prompt tokens/s of the busier of the next interval and
@@ -14,6 +16,12 @@ simulator (virtual time), one run per autoscaling policy, same requests:
                 delay, 600 s down-scale delay), ticking every second
   ray-tuned     the same with per-pool targets from the profile (decode: the
                 batch that holds the ITL target; prefill: 1)
+  hindsight     the cheapest replica schedule that keeps 99% of requests
+                within the SLO, found knowing the whole trace
+                (benchmarks/hindsight.py) from fixed-count runs of every
+                split up to one replica more than the planner's variants
+                or the best static split used, then
+                replayed in the simulator (what is reported)
   static-P+D    fixed pools; every split of the GPU counts just under and
                 over the planner's mean is tried and the best by attainment
                 per GPU-hour reported (all in results.static.tried)
@@ -42,10 +50,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import launch, report
+from benchmarks.hindsight import Counts, cheapest_schedule
 from benchmarks.ray_autoscaler import ray_default_controller
 from orchestrator.config import PlannerConfig, PoolBounds, RoutingConfig, SimEngineConfig, SlaConfig
 from orchestrator.engines.sim_engine import kv_capacity_blocks, perf_model
 from orchestrator.planner.capacity import decode_batch_limit
+from orchestrator.planner.observer import prompt_dispersion
 from orchestrator.planner.planner import Observation, SlaPlanner
 from orchestrator.sim.cluster import ClusterSim, ClusterSpec, RequestOutcome
 from orchestrator.sim.link import LINKS
@@ -88,7 +98,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=PlannerConfig().trend_damping,
         help="planner, kalman predictor: damping of the trend over the look-ahead (1: undamped)",
     )
-    p.add_argument("--policies", default="planner,foresight,ray-default,ray-tuned,static")
+    p.add_argument("--policies", default="planner,planner-md1,foresight,ray-default,ray-tuned,static,hindsight")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     p.add_argument("--out", required=True)
@@ -135,21 +145,21 @@ WORKLOADS: dict[str, Callable[[argparse.Namespace], list[RequestSpec]]] = {
 }
 # The loads the planner's rules and its tuned constant were fitted to; every other one is a test load.
 TRAINING = ("azure", "phases")
+HINDSIGHT_TARGET = 0.99  # the share of requests within the SLO the hindsight optimum must keep
 
 
 # -- observation -----------------------------------------------------------------------------------------------------
 
 
-def peak_prompt_tps(arrivals: Sequence[tuple[float, int]], t0: float, t1: float, window_s: float) -> float | None:
-    """Most prompt tokens/s over any of the `window_s` stretches [t0, t1) splits
-    into (None: no window)."""
+def prompt_buckets(arrivals: Sequence[tuple[float, int]], t0: float, t1: float, window_s: float) -> list[int]:
+    """Prompt tokens per `window_s` stretch of [t0, t1) ([]: no whole stretch)."""
     if window_s <= 0 or t1 - t0 < window_s:
-        return None
+        return []
     bins = [0] * max(int((t1 - t0) / window_s), 1)
     for t, tokens in arrivals:
         if t0 <= t < t1:
             bins[min(int((t - t0) / window_s), len(bins) - 1)] += tokens
-    return max(bins) / window_s
+    return bins
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -162,15 +172,16 @@ def _quantile(values: list[float], q: float) -> float | None:
 def forecast(requests: Sequence[RequestSpec], t0: float, t1: float, peak_window_s: float = 0.0) -> Observation:
     window = [r for r in requests if t0 <= r.arrival_s < t1]
     n = len(window)
+    mean_isl = statistics.fmean(len(r.prompt_token_ids) for r in window) if n else 0.0
+    bins = prompt_buckets([(r.arrival_s, len(r.prompt_token_ids)) for r in window], t0, t1, peak_window_s)
     return Observation(
         interval_s=t1 - t0,
         requests=n,
-        mean_isl=statistics.fmean(len(r.prompt_token_ids) for r in window) if n else 0.0,
+        mean_isl=mean_isl,
         mean_osl=statistics.fmean(r.max_tokens for r in window) if n else 0.0,
-        peak_prompt_tps=peak_prompt_tps(
-            [(r.arrival_s, len(r.prompt_token_ids)) for r in window], t0, t1, peak_window_s
-        ),
+        peak_prompt_tps=max(bins) / peak_window_s if bins else None,
         peak_window_s=peak_window_s or None,
+        prompt_dispersion=prompt_dispersion(bins, mean_isl),
     )
 
 
@@ -195,7 +206,7 @@ def planner_controller(
             if not backlog:
                 obs = replace(obs, prefill_queued_tokens=0.0)
             if peak_window_s <= 0:
-                obs = replace(obs, peak_prompt_tps=None, peak_window_s=None)
+                obs = replace(obs, peak_prompt_tps=None, peak_window_s=None, prompt_dispersion=None)
             ahead = None
             if requests is not None:  # foresight: the busier of the next interval and the one after start-up
                 ahead = [
@@ -220,6 +231,7 @@ def planner_controller(
                     "prefill_correction": decision.prefill_correction,
                     "decode_correction": decision.decode_correction,
                     "peak_ratio": decision.peak_ratio,
+                    "burstiness": decision.burstiness,
                     "prefill_queued_tokens": obs.prefill_queued_tokens,
                     "proposed_prefill": decision.proposed_prefill,
                     "proposed_decode": decision.proposed_decode,
@@ -229,6 +241,69 @@ def planner_controller(
         return control
 
     return make
+
+
+def schedule_controller(
+    counts: Sequence[Counts], interval_s: float, startup_s: float
+) -> Callable[[ClusterSim], Controller]:
+    """Follows a replica schedule known in advance (counts[k]: interval k):
+    asks for a replica `startup_s` before the interval that needs it, lets
+    one go when no interval up to then needs it."""
+    ahead = math.ceil(startup_s / interval_s - 1e-9)
+
+    def make(sim: ClusterSim) -> Controller:
+        def control(sim: ClusterSim) -> None:
+            k = round(sim.now / interval_s)
+            window = counts[k : k + ahead + 1] or counts[-1:]
+            for i, pool in enumerate(("prefill", "decode")):
+                sim.resize(pool, max(c[i] for c in window), startup_s)
+
+        return control
+
+    return make
+
+
+def hindsight_run(
+    args: argparse.Namespace,
+    series: dict[str, list[dict]],
+    results: dict[str, Any],
+    run_static: Callable[[Counts], tuple[dict[str, Any], list]],
+    run_schedule: Callable[[Sequence[Counts]], dict[str, Any]],
+    horizon_s: float,
+) -> dict[str, Any]:
+    """The hindsight optimum (benchmarks/hindsight.py) over fixed-count runs
+    of every (prefill, decode) up to one more replica than the planner, its
+    variants or the best static split used,
+    replayed in the simulator: what is reported is the replay."""
+    # Ray's policies are left out: their over-provisioning would only widen the grid.
+    used = [(e["prefill"], e["decode"]) for name, log in series.items() if not name.startswith("ray") for e in log]
+    best = results.get("static", {}).get("split")
+    if best:
+        used.append(tuple(int(n) for n in best.rstrip("D").split("P+")))
+    top = [min(max((u[i] for u in used), default=2) + 1, args.max_replicas) for i in (0, 1)]
+    grid = [(p, d) for p in range(1, top[0] + 1) for d in range(1, top[1] + 1)]
+    intervals = math.ceil(horizon_s / args.interval_s + 1e-9)
+    met: dict[Counts, list[int]] = {}
+    arrived = [0] * intervals
+    for (p, d), (r, _) in zip(grid, _map(run_static, grid, args.jobs)):
+        met[(p, d)] = [0] * intervals
+        for row in r["per_interval"]:
+            k = round(row["t"] / args.interval_s)
+            met[(p, d)][k], arrived[k] = row["met"], row["requests"]
+    plan = cheapest_schedule(met, arrived, args.interval_s, args.startup_s, target=HINDSIGHT_TARGET)
+    replay = run_schedule(plan.counts)
+    print(
+        f"hindsight: predicted {plan.attainment:.4f} @ {plan.gpu_s / 3600:.3f} GPU-h; "
+        f"replayed {replay['attainment']:.4f} @ {replay['gpu_hours']:.3f}",
+        flush=True,
+    )
+    return {
+        **replay,
+        "predicted": {"attainment": plan.attainment, "gpu_hours": plan.gpu_s / 3600},
+        "target": HINDSIGHT_TARGET,
+        "grid": f"1..{top[0]}P x 1..{top[1]}D",
+        "schedule": [list(c) for c in plan.counts],
+    }
 
 
 # -- one run ----------------------------------------------------------------------------------------------------------
@@ -335,8 +410,9 @@ def run_experiment(args: argparse.Namespace) -> int:
     peak_window = args.peak_window_s
     ray_tick_s = 1.0
 
-    def planner(initial: tuple[int, int] = (1, 1)) -> SlaPlanner:
+    def planner(initial: tuple[int, int] = (1, 1), queueing: str = "kingman") -> SlaPlanner:
         config = PlannerConfig(
+            prefill_queueing=queueing,
             mode="act",
             interval_s=args.interval_s,
             predictor=args.predictor,
@@ -360,9 +436,9 @@ def run_experiment(args: argparse.Namespace) -> int:
     def run_named(name: str) -> tuple[dict[str, Any], list[dict]]:
         log: list[dict] = []
         tick = None
-        if name in ("planner", "foresight"):
+        if name in ("planner", "planner-md1", "foresight"):
             controller = planner_controller(
-                planner(initial),
+                planner(initial, "md1" if name == "planner-md1" else "kingman"),
                 args.interval_s,
                 args.startup_s,
                 log,
@@ -397,7 +473,7 @@ def run_experiment(args: argparse.Namespace) -> int:
     results: dict[str, Any] = {}
     series: dict[str, list[dict]] = {}
     policies = args.policies.split(",")
-    named = [p for p in policies if p != "static"]
+    named = [p for p in policies if p not in ("static", "hindsight")]
     for name, (result, log) in zip(named, _map(run_named, named, args.jobs)):
         results[name], series[name] = result, log
     if "static" in policies:
@@ -415,6 +491,24 @@ def run_experiment(args: argparse.Namespace) -> int:
                 r["split"]: {k: r[k] for k in ("attainment", "gpu_hours", "attainment_per_gpu_hour")} for r in tried
             },
         }
+
+    def run_schedule(counts: Sequence[Counts]) -> dict[str, Any]:
+        ahead = math.ceil(args.startup_s / args.interval_s - 1e-9)
+        start = tuple(max(c[i] for c in counts[: ahead + 1]) for i in (0, 1))
+        return run_policy(
+            spec(*start),
+            engine,
+            requests,
+            horizon,
+            args.interval_s,
+            schedule_controller(counts, args.interval_s, args.startup_s),
+            sla,
+            args.seed,
+        )
+
+    if "hindsight" in policies:
+        results["hindsight"] = hindsight_run(args, series, results, run_static, run_schedule, horizon)
+
     doc = {
         "experiment": "autoscale",
         "version": 1,
@@ -500,6 +594,11 @@ def plot_experiment(doc: dict[str, Any], path: Path) -> None:
         ax_rep.plot(
             [p["t"] for p in log], [p["decode"] for p in log], "-", color=line.get_color(), label=f"{name} decode"
         )
+    hindsight = doc["results"].get("hindsight", {}).get("schedule")
+    if hindsight:
+        t = [k * doc["interval_s"] for k in range(len(hindsight))]
+        ax_rep.step(t, [c[0] for c in hindsight], "--", where="post", color="black", label="hindsight prefill")
+        ax_rep.step(t, [c[1] for c in hindsight], "-", where="post", color="black", label="hindsight decode")
     ax_rep.set_ylabel("replicas (GPUs)")
     ax_rep.set_xlabel("seconds")
     ax_rep.legend(fontsize=7, ncol=2)

@@ -164,6 +164,36 @@ def gpu_seconds(samples: list[dict[str, Any]]) -> float:
     return total
 
 
+def scale_downs(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each time a pool's polled count fell (a replica gone, after its drain)."""
+    return [
+        {"t_s": b["t"], "pool": p, "from": a[p], "to": b[p]}
+        for a, b in zip(samples, samples[1:])
+        for p in POOLS
+        if b[p] < a[p]
+    ]
+
+
+def around(
+    t_s: float, records: list[RequestRecord], requests: list[RequestSpec], window_s: float = 30.0
+) -> dict[str, Any]:
+    """The requests in flight at any time within `window_s` of `t_s`: how
+    many, how many lost (no complete answer), their TTFT p99 and the p99 of
+    their gaps between tokens."""
+    near = [
+        r
+        for r, spec in zip(records, requests)
+        if spec.arrival_s <= t_s + window_s and spec.arrival_s + (r.e2e_s or math.inf) >= t_s - window_s
+    ]
+    ok = [r for r in near if r.ok]
+    return {
+        "requests": len(near),
+        "lost": len(near) - len(ok),
+        "ttft_p99_ms": percentiles([r.ttft_s for r in ok if r.ttft_s is not None])["p99"],
+        "itl_p99_ms": percentiles([g for r in ok for g in r.itl_s])["p99"],
+    }
+
+
 def summarize(
     policy: str,
     records: list[RequestRecord],
@@ -202,6 +232,9 @@ def summarize(
         "ttft_p50_ms": ttft["p50"],
         "ttft_p99_ms": ttft["p99"],
         "errors": sorted({r.error for r in records if r.error})[:5],
+        "itl_p99_ms": percentiles([g for r in ok for g in r.itl_s])["p99"],
+        # The minute around each scale-down: requests in flight within 30 s of a replica leaving.
+        "scale_downs": [{**d, **around(d["t_s"], records, requests)} for d in scale_downs(samples)],
         "intervals": intervals,
         "samples": samples,
     }

@@ -122,6 +122,7 @@ PLANNER_GAUGES = {
     "correction": "Planner correction factor (observed vs target latency).",
     "queued_prompt_tokens": "Prompt tokens the pool's replicas held with no first token yet.",
     "peak_ratio": "Peak over mean prompt tokens/s the prefill pool was sized for.",
+    "burstiness": "ca^2 + cs^2 of the prompt work the prefill pool's queue was sized for (1: M/D/1).",
 }
 
 
@@ -145,6 +146,7 @@ class _Gauges:
         g["predicted_rate"].set(decision.predicted_rate, tags={"pool": "all"})
         g["queued_prompt_tokens"].set(obs.prefill_queued_tokens, tags={"pool": "prefill"})
         g["peak_ratio"].set(decision.peak_ratio, tags={"pool": "prefill"})
+        g["burstiness"].set(decision.burstiness, tags={"pool": "prefill"})
         for pool, proposed, desired, correction in (
             ("prefill", decision.proposed_prefill, decision.prefill, decision.prefill_correction),
             ("decode", decision.proposed_decode, decision.decode, decision.decode_correction),

@@ -462,6 +462,11 @@ class PlannerConfig(_Strict):
     queueing_factor: PositiveFloat = Field(
         default=3.0, description="p99 TTFT over mean TTFT assumed when sizing prefill against the p99 target."
     )
+    prefill_queueing: Literal["kingman", "md1"] = Field(
+        default="kingman",
+        description="The prefill queue the planner sizes for: kingman (G/G/1 with the burstiness measured from "
+        "the prompt tokens arriving per peak bucket) or md1 (Poisson arrivals of equal prompts, the rule before).",
+    )
     decode_utilization: float = Field(
         default=0.8,
         gt=0,

@@ -2,10 +2,12 @@
 measured profile, or the roofline of a simulated GPU).
 
     prefill  service time s = step_time(one prompt of `isl` uncached tokens)
-             prompts arrive at random; with an M/D/1 queue the mean TTFT is
-             s + rho*s / (2(1 - rho)). Holding the mean under
-             target/queueing_factor (the p99 target, with p99 ~ factor x mean)
-             caps the utilisation: rho_max = 2(T - s) / (2T - s).
+             the mean TTFT of a G/G/1 queue (Kingman) is
+             s + rho/(1 - rho) * (ca^2 + cs^2)/2 * s, with ca^2 + cs^2 the
+             burstiness b of the prompt work (1: Poisson arrivals of equal
+             prompts, M/D/1). Holding the mean under T = target/queueing_factor
+             (the p99 target, with p99 ~ factor x mean) caps the utilisation:
+             rho_max = 2(T - s) / (2(T - s) + b s).
              capacity = rho_max * isl / s  prompt tokens per second
     decode   the largest batch b whose step time at context `ctx` stays within
              the ITL target and whose KV fits the replica:
@@ -22,14 +24,17 @@ def prefill_service_s(perf: PerfModel, uncached_tokens: float) -> float:
     return perf.step_time(Batch(prefill=((n, 0),)))
 
 
-def prefill_capacity(perf: PerfModel, uncached_tokens: float, ttft_target_s: float, queueing_factor: float) -> float:
+def prefill_capacity(
+    perf: PerfModel, uncached_tokens: float, ttft_target_s: float, queueing_factor: float, burstiness: float = 1.0
+) -> float:
     """Prompt tokens per second one replica prefills within the TTFT target
     (0 when even an idle replica misses it)."""
     s = prefill_service_s(perf, uncached_tokens)
     target = ttft_target_s / queueing_factor
     if s >= target:
         return 0.0
-    rho_max = 2 * (target - s) / (2 * target - s)
+    slack = target - s
+    rho_max = 2 * slack / (2 * slack + burstiness * s)
     return rho_max * max(uncached_tokens, 1.0) / s
 
 

@@ -10,6 +10,7 @@ latest `ReplicaReport` of every serving replica of each pool.
     waiting         per pool, summed
     queued tokens   the prefill pool's prompt tokens with no first token yet, summed
     peak            the decode pool's prompt tokens/s over its busiest peak bucket (pool_peak_prompt_tps)
+    dispersion      of the decode pool's prompt tokens per peak bucket, in mean ISLs (prompt_dispersion)
 
 Ray Serve's policy (deployments/planner_policy.py) reads the reports from
 the replicas' custom autoscaling metrics; the cluster simulator
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.planner.observer import ReplicaReport, pool_peak_prompt_tps
+from orchestrator.planner.observer import ReplicaReport, pool_peak_prompt_tps, pool_prompt_buckets, prompt_dispersion
 from orchestrator.planner.planner import Observation
 
 
@@ -44,10 +45,12 @@ def observe_pools(
     itl = [r.itl_p50_s for r in decode if r.itl_p50_s is not None]
     peak = pool_peak_prompt_tps(decode)
     widths = [r.peak_window_s for r in decode if r.peak_window_s]
+    mean_isl = _weighted(decode, "mean_isl")
+    pooled = pool_prompt_buckets(decode)
     return Observation(
         interval_s=interval_s,
         requests=round(rate * interval_s),
-        mean_isl=_weighted(decode, "mean_isl"),
+        mean_isl=mean_isl,
         mean_osl=_weighted(decode, "mean_osl"),
         prefix_hit_rate=min(cached / prompt, 1.0) if prompt else 0.0,
         ttft_p99_s=ttft,
@@ -59,6 +62,7 @@ def observe_pools(
         prefill_queued_tokens=sum(r.queued_prompt_tokens for r in prefill),
         peak_prompt_tps=peak,
         peak_window_s=max(widths) if peak is not None and widths else None,
+        prompt_dispersion=prompt_dispersion(pooled[1], mean_isl) if pooled is not None else None,
     )
 
 

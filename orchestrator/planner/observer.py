@@ -25,7 +25,7 @@ import itertools
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -189,29 +189,60 @@ class ReplicaLoadWindow:
         return self.report(waiting).to_metrics()
 
 
+def pool_prompt_buckets(reports: Iterable[ReplicaReport]) -> tuple[float, list[float]] | None:
+    """Prompt tokens that arrived at a pool per peak bucket, from its
+    replicas' latest reports: per bucket (an absolute index on the shared
+    clock) the sum over replicas, for the newest n buckets every replica
+    reported (n as a replica reports it: the peak buckets of one span),
+    newest first, with the bucket width. None: no replica reported buckets,
+    or they share none (reports more than one bucket apart, or different
+    widths)."""
+    per_replica = _bucket_counts(reports)
+    widths = {w for w, _, _ in per_replica}
+    common = set.intersection(*(set(c) for _, _, c in per_replica)) if per_replica else set()
+    if len(widths) != 1 or not common:
+        return None
+    n = min(len(c) for _, _, c in per_replica) - 1  # the extra bucket is for lining up only
+    newest = sorted(common, reverse=True)[: max(n, 1)]
+    return widths.pop(), [sum(c[b] for _, _, c in per_replica) for b in newest]
+
+
 def pool_peak_prompt_tps(reports: Iterable[ReplicaReport]) -> float | None:
-    """The most prompt tokens/s that arrived at a pool over one peak bucket,
-    from its replicas' latest reports: per bucket (an absolute index on the
-    shared clock) the sum over replicas, the largest of the newest n buckets
-    every replica reported (n as a replica reports it: the peak buckets of
-    one span). Where the replicas share no bucket (reports more than one
-    bucket apart) or differ in bucket width, the sum of their own peaks, an
-    upper bound (their peaks need not coincide). None: no replica reported
-    buckets."""
-    per_replica: list[tuple[float, float, dict[int, float]]] = []  # (w, own peak, {bucket: tokens})
+    """The most prompt tokens/s that arrived at a pool over one peak bucket
+    (`pool_prompt_buckets`). Where the replicas share no bucket, the sum of
+    their own peaks, an upper bound (their peaks need not coincide). None:
+    no replica reported buckets."""
+    reports = list(reports)
+    pooled = pool_prompt_buckets(reports)
+    if pooled is not None:
+        w, buckets = pooled
+        return max(buckets) / w
+    per_replica = _bucket_counts(reports)
+    return float(sum(peak for _, peak, _ in per_replica)) if per_replica else None
+
+
+def prompt_dispersion(buckets: Sequence[float], mean_isl: float) -> float | None:
+    """The index of dispersion of the prompt work arriving per bucket, in
+    prompt lengths: var(tokens per bucket) / (mean tokens per bucket x mean
+    ISL). Requests arriving as a Poisson process with prompts of random
+    length X give E[X^2] / E[X]^2 = 1 + cs^2; bursty arrivals add their
+    own variability: it estimates Kingman's ca^2 + cs^2 at the bucket's time
+    scale (1 for M/D/1). None: fewer than 3 buckets, or no prompt tokens."""
+    if len(buckets) < 3 or mean_isl <= 0:
+        return None
+    mean = float(np.mean(buckets))
+    if mean <= 0:
+        return None
+    return float(np.var(buckets, ddof=1)) / (mean * mean_isl)
+
+
+def _bucket_counts(reports: Iterable[ReplicaReport]) -> list[tuple[float, float, dict[int, float]]]:
+    """Per replica that reported buckets: (width, own peak tokens/s, {absolute bucket: tokens})."""
+    out = []
     for report in reports:
         w, now = report.peak_window_s, report.bucket_now
         if not w or now is None:
             continue
         counts = {int(now) - j: tokens for j, tokens in enumerate(report.buckets, start=1)}
-        per_replica.append((w, report.peak_prompt_tps or 0.0, counts))
-    if not per_replica:
-        return None
-    widths = {w for w, _, _ in per_replica}
-    common = set.intersection(*(set(c) for _, _, c in per_replica))
-    if len(widths) > 1 or not common:
-        return float(sum(peak for _, peak, _ in per_replica))
-    w = widths.pop()
-    n = min(len(c) for _, _, c in per_replica) - 1  # the extra bucket is for lining up only
-    newest = sorted(common, reverse=True)[: max(n, 1)]
-    return max(sum(c[b] for _, _, c in per_replica) for b in newest) / w
+        out.append((w, report.peak_prompt_tps or 0.0, counts))
+    return out

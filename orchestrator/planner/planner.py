@@ -12,8 +12,11 @@
                time, overshoots at every turn of the load)
     propose    prefill = the largest of
                  predicted uncached prompt tokens/s / per-replica prefill capacity
-                   (M/D/1: utilisation capped so the mean TTFT stays under
-                   the p99 target / queueing_factor)
+                   (a G/G/1 queue, Kingman: utilisation capped so the mean
+                   TTFT stays under the p99 target / queueing_factor, for the
+                   burstiness of the prompt work: the mean over the last
+                   `peak_memory_intervals` of its measured index of
+                   dispersion, at least 1, the M/D/1 case)
                  predicted peak prompt tokens/s (the rate x the recent
                    peak-to-mean ratio over `peak_window_s`) / what a replica
                    computes flat out, stretched by the backlog a peak may
@@ -75,6 +78,8 @@ class Observation:
     prefill_queued_tokens: float = 0.0  # prompt tokens still to compute in the prefill engines at the end
     peak_prompt_tps: float | None = None  # most prompt tokens/s that arrived over any `peak_window_s` stretch
     peak_window_s: float | None = None
+    # var / mean of the prompt tokens per `peak_window_s` stretch, in mean ISLs (observer.prompt_dispersion)
+    prompt_dispersion: float | None = None
 
     @property
     def peak_ratio(self) -> float | None:
@@ -102,6 +107,7 @@ class ScalingDecision:
     decode_correction: float
     reason: str = ""
     peak_ratio: float = 1.0  # the prompt tokens/s peak-to-mean ratio the prefill pool was sized for
+    burstiness: float = 1.0  # the ca^2 + cs^2 the prefill pool's queue was sized for (1: M/D/1)
 
 
 @dataclass
@@ -135,6 +141,7 @@ class SlaPlanner:
     gpus_per_replica: int = 1
     initial: tuple[int, int] = (1, 1)  # (prefill, decode) replicas at start
     _peaks: list[float] = field(default_factory=list, init=False)
+    _dispersions: list[float] = field(default_factory=list, init=False)
     _peak_window_s: float | None = field(default=None, init=False)
     _backlog_s: float = field(default=0.0, init=False)  # the prefill queue at the last interval's end, in seconds
     _queued_tokens: float = field(default=0.0, init=False)  # ... and in prompt tokens
@@ -162,14 +169,15 @@ class SlaPlanner:
         the history."""
         self._observe(obs)
         rate, isl, osl, hit = self._predict(obs)
-        peak = self.peak_ratio
+        peak, burst = self.peak_ratio, self.burstiness
         if forecast is not None:
             ahead = [forecast] if isinstance(forecast, Observation) else list(forecast)
             rate = max(f.request_rate for f in ahead)
             isl = max((f.mean_isl for f in ahead if f.requests), default=isl)
             osl = max((f.mean_osl for f in ahead if f.requests), default=osl)
             peak = max((f.peak_ratio for f in ahead if f.peak_ratio is not None), default=peak)
-        prefill_need, decode_need = self._propose(rate, isl, osl, hit, peak)
+            burst = self._burstiness([f.prompt_dispersion for f in ahead if f.prompt_dispersion is not None], burst)
+        prefill_need, decode_need = self._propose(rate, isl, osl, hit, peak, burst)
         prefill_need += self._backlog(obs.prefill_queued_tokens, obs.interval_s, isl, hit)
         prefill, decode, reason = self._constrain(prefill_need, decode_need)
         return ScalingDecision(
@@ -184,7 +192,19 @@ class SlaPlanner:
             self._corrections["decode"],
             reason,
             peak,
+            burst,
         )
+
+    @property
+    def burstiness(self) -> float:
+        """The prefill queue's ca^2 + cs^2: the mean measured dispersion of
+        the last `peak_memory_intervals` intervals (1: M/D/1, or none measured)."""
+        return self._burstiness(self._dispersions[-self.config.peak_memory_intervals :])
+
+    def _burstiness(self, dispersions: Sequence[float], default: float = 1.0) -> float:
+        if self.config.prefill_queueing == "md1":
+            return 1.0
+        return max(sum(dispersions) / len(dispersions), 1.0) if dispersions else default
 
     @property
     def peak_ratio(self) -> float:
@@ -205,8 +225,16 @@ class SlaPlanner:
         peak = obs.peak_ratio
         if obs.peak_window_s:
             self._peak_window_s = obs.peak_window_s
+        if obs.requests and obs.prompt_dispersion is not None:
+            self._dispersions = (self._dispersions + [obs.prompt_dispersion])[-self.config.peak_memory_intervals :]
         prefill_need, decode_need = self._propose(
-            obs.request_rate, obs.mean_isl, obs.mean_osl, obs.prefix_hit_rate, max(peak or 1.0, 1.0), corrected=False
+            obs.request_rate,
+            obs.mean_isl,
+            obs.mean_osl,
+            obs.prefix_hit_rate,
+            max(peak or 1.0, 1.0),
+            self.burstiness,
+            corrected=False,
         )
         if obs.requests and peak is not None:
             self._peaks = (self._peaks + [peak])[-self.config.peak_memory_intervals :]
@@ -274,14 +302,21 @@ class SlaPlanner:
         return rate, isl, osl, hit
 
     def _propose(
-        self, rate: float, isl: float, osl: float, hit: float, peak_ratio: float = 1.0, corrected: bool = True
+        self,
+        rate: float,
+        isl: float,
+        osl: float,
+        hit: float,
+        peak_ratio: float = 1.0,
+        burstiness: float = 1.0,
+        corrected: bool = True,
     ) -> tuple[float, float]:
         """Replicas each pool needs (fractional) for the load."""
         if rate <= 0:
             return 0.0, 0.0
         uncached = max(isl * (1.0 - hit), 1.0)
         ttft_target = self.sla.ttft_p99_ms / 1000
-        prefill_cap = prefill_capacity(self.perf, uncached, ttft_target, self.config.queueing_factor)
+        prefill_cap = prefill_capacity(self.perf, uncached, ttft_target, self.config.queueing_factor, burstiness)
         decode_cap = decode_capacity(
             self.perf, isl + osl / 2, self.sla.itl_p50_ms / 1000, self.kv_capacity_tokens, self.max_num_seqs
         )
