@@ -182,6 +182,9 @@ def forecast(requests: Sequence[RequestSpec], t0: float, t1: float, peak_window_
         peak_prompt_tps=max(bins) / peak_window_s if bins else None,
         peak_window_s=peak_window_s or None,
         prompt_dispersion=prompt_dispersion(bins, mean_isl),
+        prompt_length_scv=(
+            statistics.pvariance([len(r.prompt_token_ids) for r in window]) / mean_isl**2 if n > 1 else None
+        ),
     )
 
 

@@ -122,7 +122,7 @@ PLANNER_GAUGES = {
     "correction": "Planner correction factor (observed vs target latency).",
     "queued_prompt_tokens": "Prompt tokens the pool's replicas held with no first token yet.",
     "peak_ratio": "Peak over mean prompt tokens/s the prefill pool was sized for.",
-    "burstiness": "ca^2 + cs^2 of the prompt work the prefill pool's queue was sized for (1: M/D/1).",
+    "burstiness": "ca^2 of the arrivals the prefill pool's queue was sized for (1: Poisson, M/D/1).",
 }
 
 

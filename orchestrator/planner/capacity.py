@@ -3,9 +3,9 @@ measured profile, or the roofline of a simulated GPU).
 
     prefill  service time s = step_time(one prompt of `isl` uncached tokens)
              the mean TTFT of a G/G/1 queue (Kingman) is
-             s + rho/(1 - rho) * (ca^2 + cs^2)/2 * s, with ca^2 + cs^2 the
-             burstiness b of the prompt work (1: Poisson arrivals of equal
-             prompts, M/D/1). Holding the mean under T = target/queueing_factor
+             s + rho/(1 - rho) * (ca^2 + cs^2)/2 * s; the planner passes the
+             arrivals' ca^2 as the burstiness b (1: Poisson, M/D/1) and
+             leaves the prompt lengths' spread to queueing_factor. Holding the mean under T = target/queueing_factor
              (the p99 target, with p99 ~ factor x mean) caps the utilisation:
              rho_max = 2(T - s) / (2(T - s) + b s).
              capacity = rho_max * isl / s  prompt tokens per second

@@ -11,6 +11,7 @@ latest `ReplicaReport` of every serving replica of each pool.
     queued tokens   the prefill pool's prompt tokens with no first token yet, summed
     peak            the decode pool's prompt tokens/s over its busiest peak bucket (pool_peak_prompt_tps)
     dispersion      of the decode pool's prompt tokens per peak bucket, in mean ISLs (prompt_dispersion)
+    length scv      cs^2 of the decode pool's arrived prompt lengths (prompt_length_scv)
 
 Ray Serve's policy (deployments/planner_policy.py) reads the reports from
 the replicas' custom autoscaling metrics; the cluster simulator
@@ -22,7 +23,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.planner.observer import ReplicaReport, pool_peak_prompt_tps, pool_prompt_buckets, prompt_dispersion
+from orchestrator.planner.observer import (
+    ReplicaReport,
+    pool_peak_prompt_tps,
+    pool_prompt_buckets,
+    prompt_dispersion,
+    prompt_length_scv,
+)
 from orchestrator.planner.planner import Observation
 
 
@@ -63,6 +70,7 @@ def observe_pools(
         peak_prompt_tps=peak,
         peak_window_s=max(widths) if peak is not None and widths else None,
         prompt_dispersion=prompt_dispersion(pooled[1], mean_isl) if pooled is not None else None,
+        prompt_length_scv=prompt_length_scv(decode),
     )
 
 

@@ -46,6 +46,7 @@ class ReplicaReport:
     mean_isl: float = 0.0  # of the requests that arrived
     mean_osl: float = 0.0  # of the requests that finished
     prompt_tokens: float = 0.0  # arrived
+    prompt_tokens_sq: float = 0.0  # the sum of the squares of the arrived requests' prompt tokens
     cached_tokens: float = 0.0  # found in this replica's prefix cache, of the requests that finished
     first_token_p99_s: float | None = None  # at this replica, from its arrival; None: no sample
     itl_p50_s: float | None = None
@@ -62,6 +63,7 @@ class ReplicaReport:
         "mean_isl",
         "mean_osl",
         "prompt_tokens",
+        "prompt_tokens_sq",
         "cached_tokens",
         "waiting",
         "queued_prompt_tokens",
@@ -173,6 +175,7 @@ class ReplicaLoadWindow:
             mean_isl=prompt / len(arrivals) if arrivals else 0.0,
             mean_osl=float(np.mean([o for o, _, _ in finished])) if finished else 0.0,
             prompt_tokens=float(prompt),
+            prompt_tokens_sq=float(sum(p * p for p in arrivals)),
             cached_tokens=float(sum(c for _, c, _ in finished)),
             first_token_p99_s=float(np.quantile(firsts, 0.99)) if firsts else None,
             itl_p50_s=float(np.median(gaps)) if gaps else None,
@@ -234,6 +237,17 @@ def prompt_dispersion(buckets: Sequence[float], mean_isl: float) -> float | None
     if mean <= 0:
         return None
     return float(np.var(buckets, ddof=1)) / (mean * mean_isl)
+
+
+def prompt_length_scv(reports: Iterable[ReplicaReport]) -> float | None:
+    """cs^2 of the prompt lengths that arrived at the replicas: E[X^2] / E[X]^2 - 1
+    over every request of every report (None: none arrived)."""
+    reports = [r for r in reports if r.prompt_tokens > 0 and r.mean_isl > 0]
+    prompt = sum(r.prompt_tokens for r in reports)
+    count = sum(r.prompt_tokens / r.mean_isl for r in reports)
+    if not reports or not prompt:
+        return None
+    return max(sum(r.prompt_tokens_sq for r in reports) * count / prompt**2 - 1.0, 0.0)
 
 
 def _bucket_counts(reports: Iterable[ReplicaReport]) -> list[tuple[float, float, dict[int, float]]]:

@@ -13,10 +13,11 @@
     propose    prefill = the largest of
                  predicted uncached prompt tokens/s / per-replica prefill capacity
                    (a G/G/1 queue, Kingman: utilisation capped so the mean
-                   TTFT stays under the p99 target / queueing_factor, for the
-                   burstiness of the prompt work: the mean over the last
-                   `peak_memory_intervals` of its measured index of
-                   dispersion, at least 1, the M/D/1 case)
+                   TTFT stays under the p99 target / queueing_factor, for
+                   the arrivals' burstiness ca^2: the prompt work's measured
+                   index of dispersion less the prompt lengths' cs^2, the
+                   mean over the last `peak_memory_intervals`, at least 1,
+                   the M/D/1 case)
                  predicted peak prompt tokens/s (the rate x the recent
                    peak-to-mean ratio over `peak_window_s`) / what a replica
                    computes flat out, stretched by the backlog a peak may
@@ -80,6 +81,15 @@ class Observation:
     peak_window_s: float | None = None
     # var / mean of the prompt tokens per `peak_window_s` stretch, in mean ISLs (observer.prompt_dispersion)
     prompt_dispersion: float | None = None
+    prompt_length_scv: float | None = None  # cs^2 of the arrived prompt lengths (observer.prompt_length_scv)
+
+    @property
+    def arrival_scv(self) -> float | None:
+        """ca^2 of the arrivals: the prompt work's dispersion (ca^2 + cs^2) less
+        the prompt lengths' own cs^2 (None: not measured)."""
+        if self.prompt_dispersion is None:
+            return None
+        return self.prompt_dispersion - (self.prompt_length_scv or 0.0)
 
     @property
     def peak_ratio(self) -> float | None:
@@ -107,7 +117,7 @@ class ScalingDecision:
     decode_correction: float
     reason: str = ""
     peak_ratio: float = 1.0  # the prompt tokens/s peak-to-mean ratio the prefill pool was sized for
-    burstiness: float = 1.0  # the ca^2 + cs^2 the prefill pool's queue was sized for (1: M/D/1)
+    burstiness: float = 1.0  # the arrivals' ca^2 the prefill pool's queue was sized for (1: Poisson, M/D/1)
 
 
 @dataclass
@@ -176,7 +186,7 @@ class SlaPlanner:
             isl = max((f.mean_isl for f in ahead if f.requests), default=isl)
             osl = max((f.mean_osl for f in ahead if f.requests), default=osl)
             peak = max((f.peak_ratio for f in ahead if f.peak_ratio is not None), default=peak)
-            burst = self._burstiness([f.prompt_dispersion for f in ahead if f.prompt_dispersion is not None], burst)
+            burst = self._burstiness([f.arrival_scv for f in ahead if f.arrival_scv is not None], burst)
         prefill_need, decode_need = self._propose(rate, isl, osl, hit, peak, burst)
         prefill_need += self._backlog(obs.prefill_queued_tokens, obs.interval_s, isl, hit)
         prefill, decode, reason = self._constrain(prefill_need, decode_need)
@@ -197,8 +207,10 @@ class SlaPlanner:
 
     @property
     def burstiness(self) -> float:
-        """The prefill queue's ca^2 + cs^2: the mean measured dispersion of
-        the last `peak_memory_intervals` intervals (1: M/D/1, or none measured)."""
+        """How much burstier than Poisson the prefill pool's arrivals are: the
+        mean ca^2 of the last `peak_memory_intervals` intervals, at least 1
+        (1: Poisson, or none measured). The prompt lengths' own spread is left
+        to `queueing_factor`, calibrated on the training loads with it."""
         return self._burstiness(self._dispersions[-self.config.peak_memory_intervals :])
 
     def _burstiness(self, dispersions: Sequence[float], default: float = 1.0) -> float:
@@ -225,8 +237,8 @@ class SlaPlanner:
         peak = obs.peak_ratio
         if obs.peak_window_s:
             self._peak_window_s = obs.peak_window_s
-        if obs.requests and obs.prompt_dispersion is not None:
-            self._dispersions = (self._dispersions + [obs.prompt_dispersion])[-self.config.peak_memory_intervals :]
+        if obs.requests and obs.arrival_scv is not None:
+            self._dispersions = (self._dispersions + [obs.arrival_scv])[-self.config.peak_memory_intervals :]
         prefill_need, decode_need = self._propose(
             obs.request_rate,
             obs.mean_isl,

@@ -1,7 +1,8 @@
 """Prefill sized for the burstiness of the arrivals it sees (issue 19): the
 replicas measure the prompt tokens arriving per peak bucket, the pool's
-index of dispersion becomes Kingman's ca^2 + cs^2, and the utilisation cap
-of a prefill replica falls with it; 1 is the M/D/1 rule it replaces."""
+index of dispersion is Kingman's ca^2 + cs^2; less the prompt lengths' own
+cs^2 it is the arrivals' ca^2, and the utilisation cap of a prefill replica
+falls with it; 1 (Poisson) is the M/D/1 rule it replaces."""
 
 from __future__ import annotations
 
@@ -98,3 +99,20 @@ def _poisson(rng: random.Random, mean: float) -> int:
     while t < 1.0:
         n, t = n + 1, t + rng.expovariate(mean)
     return n
+
+
+def test_the_prompt_lengths_own_spread_is_taken_out_leaving_the_arrivals_burstiness():
+    now = [0.0]
+    window = ReplicaLoadWindow(span_s=10, clock=lambda: now[0], peak_window_s=2)
+    for t in (0.5, 2.5, 4.5, 6.5, 8.5):  # one arrival a bucket, 500 or 1500 tokens: cs^2 = 0.25
+        now[0] = t
+        window.arrived(500 if t in (0.5, 4.5, 8.5) else 1500)
+    now[0] = 10.0
+    obs = observe_pools(10, [], [window.report()], 1, 1)
+    assert obs.prompt_length_scv == pytest.approx(((3 * 500**2 + 2 * 1500**2) / 5) / 900**2 - 1)
+    assert obs.arrival_scv == pytest.approx(obs.prompt_dispersion - obs.prompt_length_scv)
+    p = planner()
+    bursty = Observation(
+        interval_s=10, requests=200, mean_isl=1000, mean_osl=10, prompt_dispersion=8.5, prompt_length_scv=0.5
+    )
+    assert p.step(bursty).burstiness == pytest.approx(8.0)
