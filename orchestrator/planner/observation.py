@@ -2,7 +2,8 @@
 latest `ReplicaReport` of every serving replica of each pool.
 
     requests        decode pool's arrivals/s x interval (every request reaches a decode replica)
-    mean ISL, OSL   decode pool's, weighted by each replica's arrivals
+    mean ISL        decode pool's, weighted by each replica's arrivals
+    mean OSL        decode pool's, weighted by each replica's finished requests (None: none finished)
     prefix hits     cached / prompt tokens, both pools' cache hits over the decode pool's prompt tokens
     TTFT p99        the worst decode replica's, plus the worst prefill replica's where there is a
                     prefill pool (a client's first token waits for both)
@@ -58,7 +59,7 @@ def observe_pools(
         interval_s=interval_s,
         requests=round(rate * interval_s),
         mean_isl=mean_isl,
-        mean_osl=_weighted(decode, "mean_osl"),
+        mean_osl=_mean_osl(decode),
         prefix_hit_rate=min(cached / prompt, 1.0) if prompt else 0.0,
         ttft_p99_s=ttft,
         itl_p50_s=sum(itl) / len(itl) if itl else None,
@@ -77,6 +78,15 @@ def observe_pools(
 def _worst(values) -> float | None:
     present = [v for v in values if v is not None]
     return max(present) if present else None
+
+
+def _mean_osl(reports: Sequence[ReplicaReport]) -> float | None:
+    """Output tokens per finished request over the pool (None: none finished,
+    which says nothing about the outputs of the requests in flight)."""
+    finished = sum(r.finished for r in reports)
+    if not finished:
+        return None
+    return sum(r.mean_osl * r.finished for r in reports) / finished
 
 
 def _weighted(reports: Sequence[ReplicaReport], field: str) -> float:

@@ -44,7 +44,8 @@ class ReplicaReport:
 
     arrival_rate: float = 0.0  # requests/s over the span
     mean_isl: float = 0.0  # of the requests that arrived
-    mean_osl: float = 0.0  # of the requests that finished
+    mean_osl: float = 0.0  # of the requests that finished (0 when none did: see `finished`)
+    finished: float = 0.0  # requests that finished over the span
     prompt_tokens: float = 0.0  # arrived
     prompt_tokens_sq: float = 0.0  # the sum of the squares of the arrived requests' prompt tokens
     cached_tokens: float = 0.0  # found in this replica's prefix cache, of the requests that finished
@@ -62,6 +63,7 @@ class ReplicaReport:
         "arrival_rate",
         "mean_isl",
         "mean_osl",
+        "finished",
         "prompt_tokens",
         "prompt_tokens_sq",
         "cached_tokens",
@@ -174,6 +176,7 @@ class ReplicaLoadWindow:
             arrival_rate=len(arrivals) / self.span_s,
             mean_isl=prompt / len(arrivals) if arrivals else 0.0,
             mean_osl=float(np.mean([o for o, _, _ in finished])) if finished else 0.0,
+            finished=float(len(finished)),
             prompt_tokens=float(prompt),
             prompt_tokens_sq=float(sum(p * p for p in arrivals)),
             cached_tokens=float(sum(c for _, c, _ in finished)),

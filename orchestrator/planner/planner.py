@@ -68,7 +68,7 @@ class Observation:
     interval_s: float
     requests: int  # arrived in the interval
     mean_isl: float = 0.0
-    mean_osl: float = 0.0
+    mean_osl: float | None = 0.0  # of the requests that finished; None: none did (no sample)
     prefix_hit_rate: float = 0.0  # cached / prompt tokens
     ttft_p99_s: float | None = None
     itl_p50_s: float | None = None
@@ -184,7 +184,7 @@ class SlaPlanner:
             ahead = [forecast] if isinstance(forecast, Observation) else list(forecast)
             rate = max(f.request_rate for f in ahead)
             isl = max((f.mean_isl for f in ahead if f.requests), default=isl)
-            osl = max((f.mean_osl for f in ahead if f.requests), default=osl)
+            osl = max((f.mean_osl for f in ahead if f.requests and f.mean_osl is not None), default=osl)
             peak = max((f.peak_ratio for f in ahead if f.peak_ratio is not None), default=peak)
             burst = self._burstiness([f.arrival_scv for f in ahead if f.arrival_scv is not None], burst)
         prefill_need, decode_need = self._propose(rate, isl, osl, hit, peak, burst)
@@ -229,8 +229,9 @@ class SlaPlanner:
         p["rate"].observe(obs.request_rate)
         if obs.requests:
             p["isl"].observe(obs.mean_isl)
-            p["osl"].observe(obs.mean_osl)
             p["hit"].observe(obs.prefix_hit_rate)
+        if obs.requests and obs.mean_osl is not None:
+            p["osl"].observe(obs.mean_osl)
         # What the model says the load just seen needed, uncorrected: a pool
         # short of it missed its target because it was late, which is no
         # reason to distrust the model (the backlog term catches up instead).
@@ -242,7 +243,7 @@ class SlaPlanner:
         prefill_need, decode_need = self._propose(
             obs.request_rate,
             obs.mean_isl,
-            obs.mean_osl,
+            self._osl_seen(obs),
             obs.prefix_hit_rate,
             max(peak or 1.0, 1.0),
             self.burstiness,
@@ -301,6 +302,13 @@ class SlaPlanner:
         self._sized_misses[signal] = self._sized_misses.get(signal, 0) + 1 if missed else 0
         return self._sized_misses[signal] >= self.config.correction_after_intervals
 
+    def _osl_seen(self, obs: Observation) -> float:
+        """The interval's mean OSL; where no request finished in it, the
+        predictor's (the outputs of the requests in flight are not 0)."""
+        if obs.mean_osl is not None:
+            return obs.mean_osl
+        return self._predictors["osl"].predict() or 0.0
+
     def _predict(self, obs: Observation) -> tuple[float, float, float, float]:
         """The busier of the next interval and the one that starts when a
         replica asked for now is serving."""
@@ -309,7 +317,7 @@ class SlaPlanner:
         steps = (1, later) if later > 1 else (1,)
         rate = max([p["rate"].predict(k) or 0.0 for k in steps] + [obs.request_rate])
         isl = max(p["isl"].predict(k) or obs.mean_isl for k in steps)
-        osl = max(p["osl"].predict(k) or obs.mean_osl for k in steps)
+        osl = max(p["osl"].predict(k) or self._osl_seen(obs) for k in steps)
         hit = min(max(p["hit"].predict() or 0.0, 0.0), 1.0)
         return rate, isl, osl, hit
 

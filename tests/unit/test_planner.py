@@ -39,6 +39,15 @@ def planner(**cfg) -> SlaPlanner:
     return SlaPlanner(config, SLA, PROFILE, kv_capacity_tokens=None, max_num_seqs=256)
 
 
+def test_an_interval_in_which_no_request_finished_keeps_the_outputs_seen_before():
+    # Long outputs on a busy decode pool: some intervals see arrivals but no request finish. That is
+    # no evidence of short outputs: the pool stays sized for the 200 tokens seen.
+    p = planner()
+    p.step(Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200))
+    d = p.step(Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=None))
+    assert d.predicted_osl == 200 and d.decode == 6
+
+
 def test_capacities_follow_the_formulas():
     assert prefill_service_s(PROFILE, 1000) == pytest.approx(0.1)
     # Target mean TTFT 600/3 = 200 ms, service 100 ms: rho_max = 2(0.2-0.1)/(0.4-0.1) = 2/3.

@@ -12,6 +12,7 @@ import pytest
 from deployments.planner_policy import SlaPlannerPolicy
 from deployments.registries import coordinator
 from orchestrator.config import RoutingConfig
+from orchestrator.planner.observation import observe_pools
 from orchestrator.planner.observer import ReplicaReport
 from orchestrator.sim.cluster import ClusterSim, ClusterSpec
 from orchestrator.sim.link import LINKS
@@ -103,3 +104,13 @@ def test_a_report_survives_serves_flat_metrics():
     )
     assert ReplicaReport.from_metrics(report.to_metrics()) == report
     assert report.to_metrics()["first_token_p99_s"] == -1.0
+
+
+def test_the_pool_mean_osl_is_of_finished_requests_and_none_when_none_finished():
+    # A replica whose requests are all still decoding says nothing about their outputs.
+    busy = ReplicaReport(arrival_rate=1.0, mean_isl=400.0, mean_osl=0.0, finished=0.0)
+    done = ReplicaReport(arrival_rate=0.1, mean_isl=400.0, mean_osl=220.0, finished=3.0)
+    other = ReplicaReport(arrival_rate=0.1, mean_isl=400.0, mean_osl=20.0, finished=1.0)
+    assert observe_pools(3.0, None, [busy], 0, 1).mean_osl is None
+    assert observe_pools(3.0, None, [busy, done, other], 0, 3).mean_osl == pytest.approx((3 * 220 + 20) / 4)
+    assert ReplicaReport.from_metrics(done.to_metrics()) == done
