@@ -274,8 +274,8 @@ class SlaPlanner:
             obs.prefill_queued_tokens, obs.prefill_replicas, obs.mean_isl, obs.prefix_hit_rate
         )
         sized = {
-            "prefill": throughout["prefill"] >= math.ceil(prefill_need - 1e-9) and not inherited,
-            "decode": throughout["decode"] >= math.ceil(decode_need - 1e-9),
+            "prefill": throughout["prefill"] >= prefill_need - 1e-9 and not inherited,  # need: inf if unreachable
+            "decode": throughout["decode"] >= decode_need - 1e-9,
         }
         # A TTFT miss is the prefill pool's, unless decode engines are the ones
         # with a queue (out of sequence slots or KV: requests wait to start).

@@ -48,6 +48,15 @@ def test_an_interval_in_which_no_request_finished_keeps_the_outputs_seen_before(
     assert d.predicted_osl == 200 and d.decode == 6
 
 
+def test_prompts_no_idle_replica_prefills_within_the_target_get_the_whole_pool():
+    # 3000 tokens take 300 ms of service against a 200 ms mean TTFT target: no count meets it, so the
+    # pool gets its maximum, interval after interval (the first interval's observation included).
+    p = planner()
+    for _ in range(3):
+        d = p.step(Observation(interval_s=10, requests=20, mean_isl=3000, mean_osl=10, prefill_replicas=1))
+        assert d.prefill == 20 and math.isinf(d.proposed_prefill)
+
+
 def test_capacities_follow_the_formulas():
     assert prefill_service_s(PROFILE, 1000) == pytest.approx(0.1)
     # Target mean TTFT 600/3 = 200 ms, service 100 ms: rho_max = 2(0.2-0.1)/(0.4-0.1) = 2/3.
