@@ -263,6 +263,11 @@ class LimitsConfig(_Strict):
     max_output_tokens: PositiveInt | None = Field(default=None, description="None: whatever the context leaves.")
     max_stop_strings: PositiveInt = 16
     max_stop_string_chars: PositiveInt = 256
+    max_n: PositiveInt = Field(default=16, description="Most choices (`n`) one prompt may ask for.")
+    max_prompts: PositiveInt = Field(default=64, description="Most prompts in one completion request.")
+    max_logprobs: int = Field(
+        default=20, ge=0, description="Most `logprobs` / `top_logprobs`; at most the engine's (vLLM: 20)."
+    )
 
 
 class AuthConfig(_Strict):

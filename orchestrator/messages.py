@@ -18,6 +18,43 @@ class FinishReason(str, enum.Enum):
     ABORT = "abort"  # cancelled by the client or the server
 
 
+class StructuredKind(str, enum.Enum):
+    """The constraint kinds of vLLM's `StructuredOutputsParams` (SGLang's differ in name only)."""
+
+    JSON = "json"  # `value`: a JSON schema, serialised
+    JSON_OBJECT = "json_object"  # any JSON object; `value` unused
+    REGEX = "regex"
+    CHOICE = "choice"  # `value`: the allowed strings
+    GRAMMAR = "grammar"  # EBNF / GBNF / Lark, as the engine's backend reads it
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    """Constrained decoding: the engine samples only tokens the constraint allows."""
+
+    kind: StructuredKind
+    value: str | tuple[str, ...] = ""
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    token: str  # the engine's text for this one token
+
+
+@dataclass(frozen=True)
+class PositionLogprobs:
+    """One output position's log-probabilities.
+
+    `candidates` is the engine's list in its own order: the sampled token
+    first, then the top `logprobs` by rank (the sampled token once, if among
+    them), as vLLM returns them; the OpenAI formats slice it."""
+
+    sampled: TokenLogprob
+    candidates: tuple[TokenLogprob, ...]
+
+
 @dataclass(frozen=True)
 class SamplingSpec:
     max_tokens: int
@@ -33,6 +70,10 @@ class SamplingSpec:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    # Top log-probabilities per output position (0: the sampled token's only); None: none.
+    logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    structured: StructuredOutput | None = None
 
 
 @dataclass(frozen=True)
@@ -63,12 +104,14 @@ class EngineRequest:
     target_replica: str | None = None
 
     def for_prefill(self, replica: str | None) -> EngineRequest:
-        """The request sent to a prefill replica: the same prompt and sampling,
-        one token, KV kept for a remote decode."""
+        """The request sent to a prefill replica: the same prompt, one token, KV
+        kept for a remote decode. The decode replica samples the first output
+        token itself (the prefill's is discarded), so what shapes only the
+        output (log-probabilities, a constraint) is left to the decode side."""
         return replace(
             self,
             request_id=f"{self.request_id}-prefill",
-            sampling=replace(self.sampling, max_tokens=1, min_tokens=0),
+            sampling=replace(self.sampling, max_tokens=1, min_tokens=0, logprobs=None, structured=None),
             kv_transfer=None,
             target_replica=replica,
         )
@@ -76,12 +119,19 @@ class EngineRequest:
     def for_decode(self, replica: str | None, kv_transfer: KVTransfer | None) -> EngineRequest:
         return replace(self, kv_transfer=kv_transfer, target_replica=replica)
 
+    def resumable_after(self, generated: Sequence[int]) -> bool:
+        """Whether `continued(generated, ...)` exists: a constrained output's
+        constraint cannot be resumed mid-output on another engine."""
+        return self.sampling.structured is None or not generated
+
     def continued(self, generated: Sequence[int], attempt: int) -> EngineRequest:
         """The rest of this request after `generated` tokens, to run elsewhere:
         those tokens join the prompt (the new replica computes their KV) and
         the output budget shrinks by as many. Greedy decoding then continues
-        exactly where it stopped."""
+        exactly where it stopped. Only where `resumable_after(generated)`."""
         s = self.sampling
+        if not self.resumable_after(generated):
+            raise ValueError("a constrained output cannot be continued after its first token")
         return replace(
             self,
             request_id=f"{self.request_id}-m{attempt}",
@@ -107,6 +157,8 @@ class EngineChunk:
     # Prompt tokens the engine did not compute: local prefix-cache hits plus
     # tokens whose KV arrived by transfer.
     num_cached_tokens: int = 0
+    # One per token in `token_ids` when the request asked for log-probabilities.
+    logprobs: tuple[PositionLogprobs, ...] | None = None
 
     @property
     def finished(self) -> bool:
@@ -130,10 +182,13 @@ class CompletionTotals:
     finish_reason: FinishReason | None = None
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
+    logprobs: list[PositionLogprobs] = field(default_factory=list)
 
     def add(self, chunk: EngineChunk) -> None:
         self.text += chunk.text
         self.token_ids.extend(chunk.token_ids)
+        if chunk.logprobs:
+            self.logprobs.extend(chunk.logprobs)
         if chunk.num_prompt_tokens:
             self.num_prompt_tokens = chunk.num_prompt_tokens
             self.num_cached_tokens = chunk.num_cached_tokens

@@ -39,6 +39,11 @@ class PromptRenderer:
             return tuple(self.tokenizer.encode(prompt, add_special_tokens=True))
         return tuple(prompt)
 
-    def chat_prompt(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
-        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> tuple[int, ...]:
+        """`tools` go to the template as vLLM passes them (templates without tool support ignore them)."""
+        text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
         return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def text(self, token_ids: Sequence[int]) -> str:
+        """A prompt's text as echoed back (special tokens kept, as vLLM's echo does)."""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=False)

@@ -52,7 +52,7 @@ from orchestrator.engines.base import (
 from orchestrator.messages import EngineChunk, EngineRequest, KVTransfer, PrefillResult
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import PoolClient, ReplicaView
-from orchestrator.routing.base import RouteDecision, Scheduler
+from orchestrator.routing.base import RouteDecision, RouteKind, RouteReason, Scheduler
 
 log = logging.getLogger(__name__)
 
@@ -124,11 +124,22 @@ class RequestPath:
         self.migration_wait_s = migration_wait_s
         self._suspect_until: dict[str, float] = {}  # decode replica -> when it may take new requests again
 
-    async def stream(self, request: EngineRequest, trace: RequestTrace) -> AsyncIterator[EngineChunk]:
+    async def stream(
+        self, request: EngineRequest, trace: RequestTrace, follow: str | None = None
+    ) -> AsyncIterator[EngineChunk]:
+        """`follow`: a decode replica that holds this prompt's KV (another sample of the
+        same prompt streams there): the request prefills there, from its cache, if the
+        replica is still in the pool."""
         prefill_replicas = self.prefill_pool.replicas() if self.prefill_pool is not None else None
         decode_replicas = self._trusted_decode_replicas()
+        followed = [v for v in decode_replicas if v.replica_id == follow]
         start = self.clock()
-        route = self.scheduler.route_request(request, prefill_replicas, decode_replicas)
+        if followed:
+            route = self.scheduler.route_request(request, None, followed)
+            if prefill_replicas is not None:
+                route = replace(route, kind=RouteKind.LOCAL_PREFILL, reason=RouteReason.SIBLING_SAMPLE)
+        else:
+            route = self.scheduler.route_request(request, prefill_replicas, decode_replicas)
         decided = self.clock() - start
         self.metrics.decision_seconds.observe(decided)
         self.metrics.hop_seconds.labels("route").observe(decided)
@@ -193,7 +204,11 @@ class RequestPath:
                 concurrent_with = None  # the decode replica prefills itself, or another prefill replica does
                 continue
             except Exception as e:
-                if trace.migrations >= self.max_migrations or len(generated) >= original.sampling.max_tokens:
+                if (
+                    trace.migrations >= self.max_migrations
+                    or len(generated) >= original.sampling.max_tokens
+                    or not original.resumable_after(generated)
+                ):
                     raise
                 trace.migrations += 1
                 self.metrics.migrations.inc()

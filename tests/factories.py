@@ -18,7 +18,15 @@ from orchestrator.api.app import AppHooks, build_openai_app
 from orchestrator.api.service import CompletionService
 from orchestrator.config import PRIMARY_GROUP, AppConfig, LimitsConfig
 from orchestrator.frontend import FrontendParts, PoolGroup, build_frontend
-from orchestrator.messages import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
+from orchestrator.messages import (
+    EngineChunk,
+    EngineRequest,
+    FinishReason,
+    KVTransfer,
+    PositionLogprobs,
+    PrefillResult,
+    TokenLogprob,
+)
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import ReplicaView
 
@@ -51,6 +59,15 @@ def token_text(token_id: int) -> str:
     return f"w{token_id} "
 
 
+def fake_logprobs(token: int, request: EngineRequest) -> PositionLogprobs:
+    """An engine's list for one position: the sampled token (-0.5) first, then the top
+    `logprobs` (the sampled one at rank 1, then -1.0, -2.0, ...), as vLLM orders them."""
+    sampled = TokenLogprob(token, -0.5, token_text(token))
+    others = [TokenLogprob(7 + k, -1.0 - k, f"t{k}") for k in range(max(0, (request.sampling.logprobs or 0) - 1))]
+    top = [sampled, *others] if request.sampling.logprobs else []
+    return PositionLogprobs(sampled, tuple(dict.fromkeys([sampled, *top])))
+
+
 @dataclass
 class FakePool:
     """A pool whose replicas answer like an engine: token i of a request is
@@ -68,6 +85,8 @@ class FakePool:
     # restarting on prompt tokens that end inside a character).
     continuation_seam_text: str = ""
     chunk_delay_s: float = 0.0
+    # Pieces of text the engine writes (one token each, finishing with "stop"), instead of OUT + k.
+    script: tuple[str, ...] | None = None
     prefills: list[EngineRequest] = field(default_factory=list)
     generates: list[EngineRequest] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
@@ -99,18 +118,24 @@ class FakePool:
         cached = len(request.prompt_token_ids) if request.kv_transfer else 0
         already = sum(1 for t in request.prompt_token_ids if t >= OUT)
         fails_here = self.failing_replica in (None, request.target_replica)
+        if self.script is not None:
+            n = min(n, len(self.script))
         try:
             for i in range(n):
                 if self.generate_error_after is not None and i == self.generate_error_after and fails_here:
                     raise self.generate_error
                 await asyncio.sleep(self.chunk_delay_s)
                 seam = self.continuation_seam_text if already and i == 0 else ""
+                token = OUT + already + i
+                text = self.script[i] if self.script is not None else token_text(token)
+                last = FinishReason.STOP if self.script is not None and n == len(self.script) else FinishReason.LENGTH
                 yield EngineChunk(
-                    token_ids=(OUT + already + i,),
-                    text=seam + token_text(OUT + already + i),
-                    finish_reason=FinishReason.LENGTH if i == n - 1 else None,
+                    token_ids=(token,),
+                    text=seam + text,
+                    finish_reason=last if i == n - 1 else None,
                     num_prompt_tokens=len(request.prompt_token_ids) if i == 0 else 0,
                     num_cached_tokens=cached if i == 0 else 0,
+                    logprobs=None if request.sampling.logprobs is None else (fake_logprobs(token, request),),
                 )
         finally:
             self.closed.append(request.request_id)
@@ -158,6 +183,8 @@ def make_frontend(
                 "limits": limits.model_dump(),
                 "max_in_flight": max_in_flight,
                 "retry_after_s": 2,
+                # Every replica here fails alike: no replacement comes, so no wait for one.
+                "migration_wait_s": 0,
             },
         }
     )

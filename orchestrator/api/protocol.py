@@ -1,16 +1,18 @@
 """OpenAI request bodies we accept, as pydantic models.
 
 Unknown fields are rejected (400 naming the field) rather than silently
-ignored; fields OpenAI defines that this server does not implement are
-accepted only at their no-op value, so a client never gets an answer that
-quietly ignored what it asked for.
+ignored; fields this server does not implement are accepted only at their
+no-op value (`unsupported_fields`), so a client never gets an answer that
+quietly ignored what it asked for. Field names and limits follow vLLM's own
+OpenAI server, extensions included (`structured_outputs`, `return_token_ids`,
+`top_k`, `min_p`, ...).
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 
 class _Body(BaseModel):
@@ -22,13 +24,48 @@ class StreamOptions(_Body):
     continuous_usage_stats: bool = False
 
 
+class JsonSchemaFormat(_Body):
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Body):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
+            raise ValueError('type "json_schema" needs json_schema.schema')
+        return self
+
+
+class StructuredOutputsBody(_Body):
+    """vLLM's `structured_outputs` extension: exactly one constraint."""
+
+    json_: str | dict[str, Any] | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(default=None, min_length=1)
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> StructuredOutputsBody:
+        given = [k for k in ("json_", "regex", "choice", "grammar", "json_object") if getattr(self, k)]
+        if len(given) != 1:
+            raise ValueError("set exactly one of json, regex, choice, grammar, json_object")
+        return self
+
+
 class _SamplingFields(_Body):
     model: str
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**63)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     n: int = Field(default=1, ge=1)
@@ -42,9 +79,12 @@ class _SamplingFields(_Body):
     user: str | None = None
     # vLLM's extension: each choice carries its token ids, and the answer the prompt's.
     return_token_ids: bool = False
-    # Accepted only at their no-op values (see `unsupported_fields`).
+    # Token id (as a string, as OpenAI sends it) -> bias; vLLM clamps to [-100, 100].
     logit_bias: dict[str, float] | None = None
-    best_of: int | None = None
+    # vLLM V1 has no best_of: accepted when it asks for no more than `n`.
+    best_of: int | None = Field(default=None, ge=1)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsBody | None = None
 
     @field_validator("stop")
     @classmethod
@@ -56,15 +96,21 @@ class _SamplingFields(_Body):
             raise ValueError("stop strings must be non-empty")
         return stops
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias_keys(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        for key in v or {}:
+            if not key.lstrip("-").isdigit():
+                raise ValueError(f"logit_bias keys are token ids; got {key[:40]!r}")
+        return v
+
     def unsupported_fields(self) -> list[str]:
         """Fields set to something this server does not implement."""
         found = []
-        if self.n != 1:
-            found.append("n")
-        if self.logit_bias:
-            found.append("logit_bias")
-        if self.best_of not in (None, 1):
+        if self.best_of is not None and self.best_of > self.n:
             found.append("best_of")
+        if self.response_format is not None and self.structured_outputs is not None:
+            found.append("structured_outputs")  # two constraints on one output
         return found
 
 
@@ -72,28 +118,29 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = False
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0)
     suffix: str | None = None
 
     @field_validator("prompt")
     @classmethod
-    def _single_prompt(cls, v: Any) -> str | list[int]:
-        if isinstance(v, str) or (isinstance(v, list) and v and isinstance(v[0], int)):
-            return v
-        if isinstance(v, list) and len(v) == 1:
-            return v[0]
-        if isinstance(v, list) and not v:
+    def _non_empty(cls, v: Any) -> Any:
+        if isinstance(v, list) and (not v or any(isinstance(p, list | str) and not p for p in v)):
             raise ValueError("prompt must not be empty")
-        raise ValueError("batched prompts are not supported: send one prompt per request")
+        return v
+
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts, in order: one, or each of a batch."""
+        p = self.prompt
+        if isinstance(p, str) or isinstance(p[0], int):
+            return [p]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
 
     def unsupported_fields(self) -> list[str]:
         found = super().unsupported_fields()
-        if self.echo:
-            found.append("echo")
-        if self.logprobs is not None:
-            found.append("logprobs")
         if self.suffix:
             found.append("suffix")
+        if self.echo and self.logprobs is not None:
+            found.append("echo")  # echo with logprobs needs the prompt's log-probabilities
         return found
 
 
@@ -102,15 +149,60 @@ class TextPart(_Body):
     text: str
 
 
+class FunctionCall(_Body):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Body):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+    reasoning_content: str | None = None
+    # After `role` and `tool_calls`: its check reads them.
+    content: str | list[TextPart] | None = Field(default=None, validate_default=True)
+
+    @field_validator("content")
+    @classmethod
+    def _content_given(cls, v: Any, info: ValidationInfo) -> Any:
+        if v is None and not (info.data.get("role") == "assistant" and info.data.get("tool_calls")):
+            raise ValueError("content is required (an assistant message may give tool_calls instead)")
+        return v
 
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+
+class FunctionDefinition(_Body):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-\.]+$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(_Body):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Body):
+    name: str
+
+
+class NamedToolChoice(_Body):
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -118,23 +210,46 @@ class ChatCompletionRequest(_SamplingFields):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    top_logprobs: int | None = Field(default=None, ge=0)
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if v and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return v
+
+    @field_validator("tool_choice")
+    @classmethod
+    def _choice_in_tools(cls, v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, NamedToolChoice) or v == "required":
+            names = {t.function.name for t in info.data.get("tools") or ()}
+            if not names:
+                raise ValueError("tool_choice asks for a tool call, but no tools are given")
+            if isinstance(v, NamedToolChoice) and v.function.name not in names:
+                raise ValueError(f"tool_choice names {v.function.name!r}, which is not in tools")
+        return v
 
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
+    @property
+    def effective_tool_choice(self) -> str | NamedToolChoice:
+        """OpenAI's default: "auto" when tools are given, else "none"."""
+        if self.tool_choice is not None:
+            return self.tool_choice
+        return "auto" if self.tools else "none"
+
     def unsupported_fields(self) -> list[str]:
         found = super().unsupported_fields()
-        if self.logprobs or self.top_logprobs:
-            found.append("logprobs")
-        if self.tools:
-            found.append("tools")
-        if self.tool_choice not in (None, "none"):
-            found.append("tool_choice")
-        if self.response_format not in (None, {"type": "text"}):
-            found.append("response_format")
+        forced = self.tools and (self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice))
+        constrained = self.structured_outputs is not None or (
+            self.response_format is not None and self.response_format.type != "text"
+        )
+        if forced and constrained:
+            found.append("tool_choice")  # a forced tool call's arguments are already the constraint
         return found

@@ -1,13 +1,12 @@
 """OpenAI response bodies for /v1/completions and /v1/chat/completions,
-whole and streamed."""
+whole and streamed, one choice at a time (`index` orders them: prompt i's
+sample j is choice i * n + j, as vLLM numbers them)."""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 from typing import Any
-
-from orchestrator.messages import CompletionTotals, FinishReason
 
 
 class Endpoint(str, enum.Enum):
@@ -31,82 +30,83 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def _finish(reason: FinishReason | None) -> str | None:
-    return reason.value if reason is not None else None
+def completion_choice(
+    index: int,
+    text: str,
+    finish_reason: str | None,
+    logprobs: dict[str, Any] | None = None,
+    token_ids: list[int] | None = None,
+    prompt_token_ids: list[int] | None = None,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    if prompt_token_ids is not None:
+        choice["prompt_token_ids"] = prompt_token_ids
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return choice
+
+
+def chat_choice(
+    index: int,
+    message: dict[str, Any],
+    finish_reason: str | None,
+    logprobs: dict[str, Any] | None = None,
+    token_ids: list[int] | None = None,
+) -> dict[str, Any]:
+    choice = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return choice
 
 
 def whole_response(
     endpoint: Endpoint,
     h: ResponseHeader,
-    totals: CompletionTotals,
+    choices: list[dict[str, Any]],
     usage_body: dict[str, Any],
-    prompt_token_ids: tuple[int, ...] | None = None,
+    prompt_token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
-    """`prompt_token_ids` given (vLLM's `return_token_ids`): the choice carries its token ids and the prompt's
-    (chat: the prompt's at the top, as vLLM's server puts them)."""
-    if endpoint is Endpoint.COMPLETIONS:
-        choice = {"index": 0, "text": totals.text, "logprobs": None, "finish_reason": _finish(totals.finish_reason)}
-        obj = "text_completion"
-    else:
-        choice = {
-            "index": 0,
-            "message": {"role": "assistant", "content": totals.text},
-            "logprobs": None,
-            "finish_reason": _finish(totals.finish_reason),
-        }
-        obj = "chat.completion"
-    body = {"id": h.id, "object": obj, "created": h.created, "model": h.model, "choices": [choice]}
+    """`prompt_token_ids`: chat's at the top (vLLM's `return_token_ids`); a completion's are in its choices."""
+    obj = "text_completion" if endpoint is Endpoint.COMPLETIONS else "chat.completion"
+    body = {"id": h.id, "object": obj, "created": h.created, "model": h.model, "choices": choices}
     if prompt_token_ids is not None:
-        choice["token_ids"] = list(totals.token_ids)
-        if endpoint is Endpoint.COMPLETIONS:
-            choice["prompt_token_ids"] = list(prompt_token_ids)
-        else:
-            body["prompt_token_ids"] = list(prompt_token_ids)
+        body["prompt_token_ids"] = prompt_token_ids
     body["usage"] = usage_body
     return body
 
 
-def _chunk(endpoint: Endpoint, h: ResponseHeader, choices: list[dict[str, Any]]) -> dict[str, Any]:
+def chunk(endpoint: Endpoint, h: ResponseHeader, choices: list[dict[str, Any]]) -> dict[str, Any]:
     obj = "text_completion" if endpoint is Endpoint.COMPLETIONS else "chat.completion.chunk"
     return {"id": h.id, "object": obj, "created": h.created, "model": h.model, "choices": choices}
 
 
-def role_chunk(h: ResponseHeader, prompt_token_ids: tuple[int, ...] | None = None) -> dict[str, Any]:
-    """The first chat chunk: the assistant role, no content yet (and the prompt's token ids, when asked)."""
-    chunk = _chunk(
+def role_chunk(h: ResponseHeader, index: int = 0, prompt_token_ids: list[int] | None = None) -> dict[str, Any]:
+    """A chat choice's first chunk: the assistant role, no content yet (and the prompt's token ids, when asked)."""
+    body = chunk(
         Endpoint.CHAT,
         h,
-        [{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
+        [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
     )
     if prompt_token_ids is not None:
-        chunk["prompt_token_ids"] = list(prompt_token_ids)
-    return chunk
+        body["prompt_token_ids"] = prompt_token_ids
+    return body
 
 
-def delta_chunk(
-    endpoint: Endpoint,
-    h: ResponseHeader,
-    text: str,
-    finish_reason: FinishReason | None,
-    token_ids: tuple[int, ...] | None = None,
-    prompt_token_ids: tuple[int, ...] | None = None,
+def chat_delta(
+    index: int,
+    delta: dict[str, Any],
+    finish_reason: str | None,
+    logprobs: dict[str, Any] | None = None,
+    token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
-    """`token_ids` given (vLLM's `return_token_ids`): the chunk's tokens; `prompt_token_ids` on a
-    completion's first chunk."""
-    if endpoint is Endpoint.COMPLETIONS:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": _finish(finish_reason)}
-        if prompt_token_ids is not None:
-            choice["prompt_token_ids"] = list(prompt_token_ids)
-    else:
-        delta = {"content": text} if text else {}
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": _finish(finish_reason)}
+    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
     if token_ids is not None:
-        choice["token_ids"] = list(token_ids)
-    return _chunk(endpoint, h, [choice])
+        choice["token_ids"] = token_ids
+    return choice
 
 
 def usage_chunk(endpoint: Endpoint, h: ResponseHeader, usage_body: dict[str, Any]) -> dict[str, Any]:
     """The last streamed chunk when `stream_options.include_usage` is set."""
-    chunk = _chunk(endpoint, h, [])
-    chunk["usage"] = usage_body
-    return chunk
+    body = chunk(endpoint, h, [])
+    body["usage"] = usage_body
+    return body

@@ -25,19 +25,32 @@ from pydantic import ValidationError
 from orchestrator.api import sse
 from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.errors import APIError, bad_request, from_validation_error, model_not_found, server_error
-from orchestrator.api.protocol import ChatCompletionRequest, CompletionRequest
+from orchestrator.api.logprobs import CompletionLogprobs, chat_logprobs
+from orchestrator.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, ToolCall
 from orchestrator.api.responses import (
     Endpoint,
     ResponseHeader,
-    delta_chunk,
+    chat_choice,
+    chat_delta,
+    chunk,
+    completion_choice,
     role_chunk,
     usage,
     usage_chunk,
     whole_response,
 )
+from orchestrator.api.tools import ToolMode, template_tools, tool_mode
 from orchestrator.config import LimitsConfig
 from orchestrator.engines.base import EngineRequestRejected
-from orchestrator.messages import CompletionTotals, EngineChunk, EngineRequest, SamplingSpec
+from orchestrator.messages import (
+    CompletionTotals,
+    EngineChunk,
+    EngineRequest,
+    FinishReason,
+    SamplingSpec,
+    StructuredKind,
+    StructuredOutput,
+)
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.prompts import PromptRenderer
 from orchestrator.request_path import RequestPath, RequestTrace
@@ -61,24 +74,55 @@ class ModelCard:
 
 
 @dataclass(frozen=True)
+class ChoicePlan:
+    """One choice of the answer. Prompt i's sample j is choice i * n + j; its
+    seed is the request's + j (vLLM's rule for `n`). A prompt's first sample
+    (`lead`) is routed; the others follow it to the decode replica that then
+    holds the prompt's KV, and prefill there from its cache."""
+
+    index: int
+    request: EngineRequest
+    prompt: int
+    lead: bool
+    echo: str = ""  # the prompt's text, written before the output (completions' `echo`)
+
+
+@dataclass(frozen=True)
+class OutputOptions:
+    top_logprobs: int | None = None  # None: no log-probabilities
+    return_token_ids: bool = False
+    tools: ToolMode | None = None
+    # The field a constraint came from, named when the engine rejects the constraint.
+    constraint_param: str | None = None
+
+
+@dataclass(frozen=True)
 class PreparedRequest:
     endpoint: Endpoint
     header: ResponseHeader
-    engine_request: EngineRequest
+    choices: tuple[ChoicePlan, ...]
+    prompts: tuple[tuple[int, ...], ...]
     stream: bool
     include_usage: bool
     arrival: float
-    return_token_ids: bool = False
+    options: OutputOptions = OutputOptions()
 
 
-def _sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int) -> SamplingSpec:
+def _sampling(
+    req: CompletionRequest | ChatCompletionRequest,
+    max_tokens: int,
+    sample: int,
+    logprobs: int | None,
+    logit_bias: tuple[tuple[int, float], ...],
+    structured: StructuredOutput | None,
+) -> SamplingSpec:
     return SamplingSpec(
         max_tokens=max_tokens,
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=None if req.top_k in (None, -1, 0) else req.top_k,
         min_p=req.min_p or 0.0,
-        seed=req.seed,
+        seed=None if req.seed is None else req.seed + sample,
         stop=tuple(req.stop or ()),
         stop_token_ids=tuple(req.stop_token_ids or ()),
         ignore_eos=req.ignore_eos,
@@ -86,7 +130,55 @@ def _sampling(req: CompletionRequest | ChatCompletionRequest, max_tokens: int) -
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
+        logprobs=logprobs,
+        logit_bias=logit_bias,
+        structured=structured,
     )
+
+
+def _constraint(req: CompletionRequest | ChatCompletionRequest) -> tuple[StructuredOutput | None, str | None]:
+    """The output constraint a request asks for, and the field it came from."""
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_object":
+        return StructuredOutput(StructuredKind.JSON_OBJECT), "response_format"
+    if fmt is not None and fmt.type == "json_schema":
+        assert fmt.json_schema is not None and fmt.json_schema.schema_ is not None
+        return StructuredOutput(StructuredKind.JSON, json.dumps(fmt.json_schema.schema_)), "response_format"
+    so = req.structured_outputs
+    if so is None:
+        return None, None
+    if so.json_ is not None:
+        value = so.json_ if isinstance(so.json_, str) else json.dumps(so.json_)
+        return StructuredOutput(StructuredKind.JSON, value), "structured_outputs"
+    if so.regex is not None:
+        return StructuredOutput(StructuredKind.REGEX, so.regex), "structured_outputs"
+    if so.choice is not None:
+        return StructuredOutput(StructuredKind.CHOICE, tuple(so.choice)), "structured_outputs"
+    if so.grammar is not None:
+        return StructuredOutput(StructuredKind.GRAMMAR, so.grammar), "structured_outputs"
+    return StructuredOutput(StructuredKind.JSON_OBJECT), "structured_outputs"
+
+
+def _template_message(m: ChatMessage) -> dict[str, Any]:
+    """A message as chat templates read it; tool-call arguments as objects, as vLLM passes them."""
+    out: dict[str, Any] = {"role": m.role, "content": m.text()}
+    if m.name is not None:
+        out["name"] = m.name
+    if m.tool_call_id is not None:
+        out["tool_call_id"] = m.tool_call_id
+    if m.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": c.type, "function": {"name": c.function.name, "arguments": _arguments(c)}}
+            for c in m.tool_calls
+        ]
+    return out
+
+
+def _arguments(call: ToolCall) -> Any:
+    try:
+        return json.loads(call.function.arguments)
+    except ValueError:
+        return call.function.arguments
 
 
 class _Slot:
@@ -212,36 +304,90 @@ class CompletionService:
                 f"{unsupported[0]} is not supported by this server", param=unsupported[0], code="unsupported"
             )
         self._check_stops(req.stop or [])
+        self._check_choices(req)
         if req.model != self.model.name:
             raise model_not_found(req.model)
+        logit_bias = self._logit_bias(req.logit_bias)
+        structured, constraint_param = _constraint(req)
 
+        tools = None
         if isinstance(req, CompletionRequest):
-            if isinstance(req.prompt, list):
-                self._check_token_ids(req.prompt)
-                prompt_ids = self.renderer.completion_prompt(req.prompt)  # no tokenizer: no thread hop
-            else:
-                prompt_ids = await asyncio.to_thread(self.renderer.completion_prompt, req.prompt)
-            requested, prompt_param = req.max_tokens, "prompt"
+            prompts = await self._completion_prompts(req)
+            requested, prompt_param, top = req.max_tokens, "prompt", req.logprobs
         else:
-            messages = [{"role": m.role, "content": m.text()} for m in req.messages]
-            prompt_ids = await asyncio.to_thread(self.renderer.chat_prompt, messages)
+            choice = req.effective_tool_choice
+            if choice == "auto":
+                raise bad_request(
+                    'tool_choice "auto" needs a tool-call parser, which this server does not run; '
+                    'send tool_choice "required" or a named function',
+                    param="tool_choice",
+                    code="unsupported",
+                )
+            tools = tool_mode(req.tools, choice, req.parallel_tool_calls)
+            if tools is not None:
+                structured, constraint_param = tools.constraint, "tools"
+            messages = [_template_message(m) for m in req.messages]
+            prompt = await asyncio.to_thread(self.renderer.chat_prompt, messages, template_tools(req.tools))
+            prompts = [prompt]
             requested, prompt_param = req.requested_max_tokens, "messages"
-        max_tokens = self._check_lengths(len(prompt_ids), requested, prompt_param)
+            top = (req.top_logprobs or 0) if req.logprobs else None
 
         rid = self.new_id()
+        echo = isinstance(req, CompletionRequest) and req.echo
+        plans = []
+        for i, prompt_ids in enumerate(prompts):
+            max_tokens = self._check_lengths(len(prompt_ids), requested, prompt_param)
+            echo_text = await asyncio.to_thread(self.renderer.text, prompt_ids) if echo else ""
+            for j in range(req.n):
+                index = i * req.n + j
+                sampling = _sampling(req, max_tokens, j, top, logit_bias, structured)
+                request_id = rid if len(prompts) * req.n == 1 else f"{rid}-{index}"
+                plans.append(ChoicePlan(index, EngineRequest(request_id, prompt_ids, sampling), i, j == 0, echo_text))
         prefix = "cmpl" if endpoint is Endpoint.COMPLETIONS else "chatcmpl"
         self.metrics.hop_seconds.labels("prepare").observe(self.clock() - arrival)
         return PreparedRequest(
             endpoint=endpoint,
             header=ResponseHeader(id=f"{prefix}-{rid}", created=int(self.wall_clock()), model=self.model.name),
-            engine_request=EngineRequest(
-                request_id=rid, prompt_token_ids=prompt_ids, sampling=_sampling(req, max_tokens)
-            ),
+            choices=tuple(plans),
+            prompts=tuple(prompts),
             stream=req.stream,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             arrival=arrival,
-            return_token_ids=req.return_token_ids,
+            options=OutputOptions(top, req.return_token_ids, tools, constraint_param),
         )
+
+    async def _completion_prompts(self, req: CompletionRequest) -> list[tuple[int, ...]]:
+        prompts = req.prompts()
+        if len(prompts) > self.limits.max_prompts:
+            raise bad_request(f"at most {self.limits.max_prompts} prompts are allowed in one request", param="prompt")
+        out = []
+        for prompt in prompts:
+            if isinstance(prompt, list):
+                self._check_token_ids(prompt)
+                out.append(self.renderer.completion_prompt(prompt))  # no tokenizer: no thread hop
+            else:
+                out.append(await asyncio.to_thread(self.renderer.completion_prompt, prompt))
+        return out
+
+    def _check_choices(self, req: CompletionRequest | ChatCompletionRequest) -> None:
+        lim = self.limits
+        if req.n > lim.max_n:
+            raise bad_request(f"n may be at most {lim.max_n} on this server", param="n")
+        top = req.logprobs if isinstance(req, CompletionRequest) else req.top_logprobs
+        if top is not None and top > lim.max_logprobs:
+            param = "logprobs" if isinstance(req, CompletionRequest) else "top_logprobs"
+            raise bad_request(f"{param} may be at most {lim.max_logprobs}", param=param)
+
+    def _logit_bias(self, bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
+        """Token id -> bias, clamped to [-100, 100] as vLLM does; ids outside the vocabulary are a 400."""
+        vocab = self.renderer.vocab_size
+        out = []
+        for key, value in (bias or {}).items():
+            token = int(key)
+            if not 0 <= token < vocab:
+                raise bad_request(f"logit_bias token id {token} is outside the vocabulary", param="logit_bias")
+            out.append((token, min(100.0, max(-100.0, value))))
+        return tuple(out)
 
     def _check_stops(self, stops: list[str]) -> None:
         lim = self.limits
@@ -306,14 +452,17 @@ class CompletionService:
         self.metrics.shape_prefix_reuse.observe(decision.reuse)
         return self.group_paths[group]
 
-    async def _chunks(self, p: PreparedRequest, trace: RequestTrace) -> AsyncIterator[EngineChunk]:
-        """The engine's chunks, with latency metrics observed as they pass."""
+    async def _chunks(
+        self, p: PreparedRequest, plan: ChoicePlan, trace: RequestTrace, follow: str | None = None
+    ) -> AsyncIterator[EngineChunk]:
+        """One choice's chunks, with latency metrics observed as they pass (of choice 0)."""
         last = None
-        path = self._path_for(p.engine_request)
-        async with contextlib.aclosing(path.stream(p.engine_request, trace)) as chunks:
+        observe = plan.index == 0
+        path = self._path_for(plan.request)
+        async with contextlib.aclosing(path.stream(plan.request, trace, follow)) as chunks:
             async for chunk in chunks:
                 n = len(chunk.token_ids)
-                if n:
+                if n and observe:
                     now = self.clock()
                     if last is None:
                         self.metrics.ttft.observe(now - p.arrival)
@@ -323,76 +472,220 @@ class CompletionService:
                     last = now
                 yield chunk
 
-    def _finish(self, p: PreparedRequest, totals: CompletionTotals, trace: RequestTrace) -> dict[str, Any]:
+    async def _choice_chunks(
+        self, p: PreparedRequest, states: list[_ChoiceState]
+    ) -> AsyncIterator[tuple[int, EngineChunk]]:
+        """(choice index, chunk) of every choice as they arrive; one choice is streamed as is."""
+        if len(states) == 1:
+            async for chunk in self._chunks(p, states[0].plan, states[0].trace):
+                yield 0, chunk
+            return
+        queue: asyncio.Queue[tuple[int, EngineChunk | None, Exception | None]] = asyncio.Queue()
+        lead_replica = {s.plan.prompt: asyncio.get_running_loop().create_future() for s in states if s.plan.lead}
+
+        async def pump(state: _ChoiceState) -> None:
+            plan = state.plan
+            followed = lead_replica[plan.prompt]
+            try:
+                follow = None if plan.lead else await followed
+                async for chunk in self._chunks(p, plan, state.trace, follow):
+                    if plan.lead and not followed.done() and state.trace.route is not None:
+                        followed.set_result(state.trace.route.decode_replica)
+                    queue.put_nowait((plan.index, chunk, None))
+            except Exception as e:
+                queue.put_nowait((plan.index, None, e))
+            finally:
+                if plan.lead and not followed.done():
+                    followed.set_result(None)
+            queue.put_nowait((plan.index, None, None))
+
+        tasks = [asyncio.create_task(pump(s)) for s in states]
+        try:
+            running = len(tasks)
+            while running:
+                index, chunk, error = await queue.get()
+                if error is not None:
+                    raise error
+                if chunk is None:
+                    running -= 1
+                else:
+                    yield index, chunk
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _finish(self, p: PreparedRequest, states: list[_ChoiceState]) -> dict[str, Any]:
         self.metrics.e2e.observe(self.clock() - p.arrival)
-        self.metrics.prompt_tokens.inc(len(p.engine_request.prompt_token_ids))
-        self.metrics.generation_tokens.inc(len(totals.token_ids))
-        self.metrics.cached_prompt_tokens.inc(totals.num_cached_tokens)
+        prompt_tokens = sum(len(ids) for ids in p.prompts)
+        generated = sum(len(s.totals.token_ids) for s in states)
+        leads = [s for s in states if s.plan.lead]
+        self.metrics.prompt_tokens.inc(prompt_tokens)
+        self.metrics.generation_tokens.inc(generated)
+        self.metrics.cached_prompt_tokens.inc(sum(s.totals.num_cached_tokens for s in leads))
         self.metrics.requests.labels(p.endpoint.value, "success").inc()
         # Prompt tokens a cache spared: on the prefill replica when it computed
         # the prompt, else on the decode replica (whose count would otherwise
-        # include the transferred tokens).
-        cached = trace.prefill.num_cached_tokens if trace.prefill is not None else totals.num_cached_tokens
+        # include the transferred tokens). Counted once a prompt, at its lead.
+        cached = sum(s.cached_tokens() for s in leads)
         self.metrics.engine_cached_tokens.inc(cached)
-        if trace.route is not None:
-            self.metrics.predicted_cached_tokens.inc(trace.route.predicted_cached_tokens)
-        return usage(len(p.engine_request.prompt_token_ids), len(totals.token_ids), cached)
+        for s in leads:
+            if s.trace.route is not None:
+                self.metrics.predicted_cached_tokens.inc(s.trace.route.predicted_cached_tokens)
+        return usage(prompt_tokens, generated, cached)
+
+    def _rejected(self, p: PreparedRequest, e: EngineRequestRejected) -> APIError:
+        """An engine's refusal as a 400, naming the constraint's field when the engine's grammar compiler refused it."""
+        cause = _cause(e)
+        param = p.options.constraint_param if "grammar" in cause.lower() else None
+        return bad_request(cause, param=param)
 
     async def _whole(self, p: PreparedRequest) -> dict[str, Any]:
-        totals, trace = CompletionTotals(), RequestTrace()
+        states = [_ChoiceState(plan, p) for plan in p.choices]
         try:
-            async for chunk in self._chunks(p, trace):
-                totals.add(chunk)
+            async for index, chunk in self._choice_chunks(p, states):
+                states[index].totals.add(chunk)
         except EngineRequestRejected as e:
             self.metrics.requests.labels(p.endpoint.value, "client_error").inc()
-            raise bad_request(_cause(e)) from None
+            raise self._rejected(p, e) from None
         except asyncio.CancelledError:
             self.metrics.requests.labels(p.endpoint.value, "cancelled").inc()
             raise
         except Exception as e:
             self.metrics.requests.labels(p.endpoint.value, "server_error").inc()
             raise server_error(f"generation failed: {_cause(e)}") from None
-        prompt_ids = p.engine_request.prompt_token_ids if p.return_token_ids else None
-        return whole_response(p.endpoint, p.header, totals, self._finish(p, totals, trace), prompt_ids)
+        usage_body = self._finish(p, states)
+        chat_prompt_ids = None
+        if p.options.return_token_ids and p.endpoint is Endpoint.CHAT:
+            chat_prompt_ids = list(p.prompts[0])
+        return whole_response(p.endpoint, p.header, [s.whole_choice() for s in states], usage_body, chat_prompt_ids)
 
     async def _sse(self, p: PreparedRequest, slot: _Slot) -> AsyncIterator[str]:
-        totals, trace = CompletionTotals(), RequestTrace()
+        states = [_ChoiceState(plan, p) for plan in p.choices]
         try:
-            async for event in self._sse_events(p, totals, trace):
+            async for event in self._sse_events(p, states):
                 yield event
         finally:
             slot.release()
 
-    async def _sse_events(
-        self, p: PreparedRequest, totals: CompletionTotals, trace: RequestTrace
-    ) -> AsyncIterator[str]:
+    async def _sse_events(self, p: PreparedRequest, states: list[_ChoiceState]) -> AsyncIterator[str]:
         try:
-            ids = p.return_token_ids
-            prompt_ids = p.engine_request.prompt_token_ids if ids else None
             if p.endpoint is Endpoint.CHAT:
-                yield sse.event(role_chunk(p.header, prompt_ids))
-                prompt_ids = None
-            async for chunk in self._chunks(p, trace):
-                totals.add(chunk)
-                if chunk.text or chunk.finish_reason is not None or (ids and chunk.token_ids):
-                    token_ids = chunk.token_ids if ids else None
-                    yield sse.event(
-                        delta_chunk(p.endpoint, p.header, chunk.text, chunk.finish_reason, token_ids, prompt_ids)
-                    )
-                    prompt_ids = None
+                for s in states:
+                    prompt_ids = list(p.prompts[0]) if p.options.return_token_ids and s.plan.index == 0 else None
+                    yield sse.event(role_chunk(p.header, s.plan.index, prompt_ids))
+            async for index, engine_chunk in self._choice_chunks(p, states):
+                choice = states[index].delta(engine_chunk)
+                if choice is not None:
+                    yield sse.event(chunk(p.endpoint, p.header, [choice]))
         except (asyncio.CancelledError, GeneratorExit):
             self.metrics.requests.labels(p.endpoint.value, "cancelled").inc()
             raise
         except Exception as e:
-            outcome = "client_error" if isinstance(e, EngineRequestRejected) else "server_error"
-            self.metrics.requests.labels(p.endpoint.value, outcome).inc()
-            err = (
-                bad_request(_cause(e)) if outcome == "client_error" else server_error(f"generation failed: {_cause(e)}")
-            )
+            rejected = isinstance(e, EngineRequestRejected)
+            self.metrics.requests.labels(p.endpoint.value, "client_error" if rejected else "server_error").inc()
+            err = self._rejected(p, e) if rejected else server_error(f"generation failed: {_cause(e)}")
             yield sse.event(err.body())
             yield sse.DONE
             return
-        usage_body = self._finish(p, totals, trace)
+        usage_body = self._finish(p, states)
         if p.include_usage:
             yield sse.event(usage_chunk(p.endpoint, p.header, usage_body))
         yield sse.DONE
+
+
+class _ChoiceState:
+    """One choice's output so far, and its OpenAI form, whole or as stream deltas."""
+
+    def __init__(self, plan: ChoicePlan, p: PreparedRequest) -> None:
+        self.plan = plan
+        self.endpoint = p.endpoint
+        self.options = p.options
+        self.totals = CompletionTotals()
+        self.trace = RequestTrace()
+        self.started = False  # a delta of this choice has been streamed
+        self.call_id: str | None = None  # a named tool call's id, from its first delta
+        top = p.options.top_logprobs
+        self.completion_logprobs = (
+            CompletionLogprobs(top) if top is not None and p.endpoint is Endpoint.COMPLETIONS else None
+        )
+        self.prompt_ids = list(plan.request.prompt_token_ids) if p.options.return_token_ids else None
+
+    def cached_tokens(self) -> int:
+        prefill = self.trace.prefill
+        return prefill.num_cached_tokens if prefill is not None else self.totals.num_cached_tokens
+
+    def _finish_reason(self, reason: FinishReason | None) -> str | None:
+        value = reason.value if reason is not None else None
+        tools = self.options.tools
+        return tools.finish_reason(value) if tools is not None and value is not None else value
+
+    def _logprobs(self, positions: Any) -> dict[str, Any] | None:
+        top = self.options.top_logprobs
+        if top is None:
+            return None
+        if self.completion_logprobs is not None:
+            return self.completion_logprobs.body(positions or ())
+        return chat_logprobs(positions or (), top)
+
+    def _token_ids(self, token_ids: Any) -> list[int] | None:
+        return list(token_ids) if self.options.return_token_ids else None
+
+    # -- whole ------------------------------------------------------------------
+
+    def whole_choice(self) -> dict[str, Any]:
+        t = self.totals
+        finish = self._finish_reason(t.finish_reason)
+        logprobs = self._logprobs(t.logprobs)
+        if self.endpoint is Endpoint.COMPLETIONS:
+            text = self.plan.echo + t.text
+            return completion_choice(
+                self.plan.index, text, finish, logprobs, self._token_ids(t.token_ids), self.prompt_ids
+            )
+        message: dict[str, Any] = {"role": "assistant", "content": t.text}
+        calls = self.options.tools.calls(t.text) if self.options.tools is not None else None
+        if calls is not None:
+            message = {"role": "assistant", "content": "", "tool_calls": calls}
+        else:
+            finish = t.finish_reason.value if t.finish_reason is not None else None
+        return chat_choice(self.plan.index, message, finish, logprobs, self._token_ids(t.token_ids))
+
+    # -- streamed ---------------------------------------------------------------
+
+    def delta(self, c: EngineChunk) -> dict[str, Any] | None:
+        """This chunk's choice delta, or None when it carries nothing to send."""
+        self.totals.add(c)
+        ids = self.options.return_token_ids
+        logprobs = self._logprobs(c.logprobs) if c.logprobs else None
+        if not (c.text or c.finished or logprobs or (ids and c.token_ids)):
+            return None
+        first = not self.started
+        self.started = True
+        finish = self._finish_reason(c.finish_reason)
+        if self.endpoint is Endpoint.COMPLETIONS:
+            text = (self.plan.echo if first else "") + c.text
+            prompt_ids = self.prompt_ids if first else None
+            return completion_choice(self.plan.index, text, finish, logprobs, self._token_ids(c.token_ids), prompt_ids)
+        delta, finish = self._chat_delta(c, finish)
+        if delta is None and not logprobs:
+            return None
+        return chat_delta(self.plan.index, delta or {}, finish, logprobs, self._token_ids(c.token_ids))
+
+    def _chat_delta(self, c: EngineChunk, finish: str | None) -> tuple[dict[str, Any] | None, str | None]:
+        tools = self.options.tools
+        if tools is None:
+            return ({"content": c.text} if c.text else {}), finish
+        if tools.named is not None:  # the arguments stream as they come, as vLLM streams a named call
+            if self.call_id is None:
+                self.call_id = f"chatcmpl-tool-{uuid.uuid4().hex}"
+                call = {"index": 0, "id": self.call_id, "type": "function"}
+                call["function"] = {"name": tools.named, "arguments": c.text}
+                return {"tool_calls": [call]}, finish
+            return ({"tool_calls": [{"index": 0, "function": {"arguments": c.text}}]} if c.text else {}), finish
+        if not c.finished:  # "required": the calls are read from the whole output, sent with the finish
+            return None, None
+        calls = tools.calls(self.totals.text)
+        if calls is None:
+            reason = c.finish_reason.value if c.finish_reason is not None else None
+            return {"content": self.totals.text}, reason
+        return {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}, finish

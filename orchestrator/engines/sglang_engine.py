@@ -29,6 +29,7 @@ import functools
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import uuid
@@ -51,7 +52,15 @@ from orchestrator.engines.base import (
 )
 from orchestrator.engines.ports import PortReservation, listen_port, reserve_listen_port
 from orchestrator.engines.sglang_kv_events import decode_batch, events_config
-from orchestrator.messages import EngineChunk, EngineRequest, FinishReason, PrefillResult, SamplingSpec
+from orchestrator.messages import (
+    EngineChunk,
+    EngineRequest,
+    FinishReason,
+    PrefillResult,
+    SamplingSpec,
+    StructuredKind,
+    StructuredOutput,
+)
 from orchestrator.placement import one_bundle_placement
 
 ENGINE_KIND = "sglang"
@@ -309,7 +318,25 @@ def sampling_params(spec: SamplingSpec) -> dict[str, Any]:
         params["stop_token_ids"] = list(spec.stop_token_ids)
     if spec.seed is not None:
         params["sampling_seed"] = spec.seed
+    if spec.logit_bias:
+        params["logit_bias"] = {str(t): b for t, b in spec.logit_bias}
+    if spec.structured is not None:
+        params.update(structured_params(spec.structured))
     return params
+
+
+def structured_params(structured: StructuredOutput) -> dict[str, str]:
+    """SGLang's constraint keys (`json_schema`, `regex`, `ebnf`) for a constraint."""
+    kind, value = structured.kind, structured.value
+    if kind is StructuredKind.JSON:
+        return {"json_schema": str(value)}
+    if kind is StructuredKind.JSON_OBJECT:
+        return {"json_schema": '{"type": "object"}'}
+    if kind is StructuredKind.CHOICE:
+        return {"regex": "(" + "|".join(re.escape(c) for c in value) + ")"}
+    if kind is StructuredKind.REGEX:
+        return {"regex": str(value)}
+    return {"ebnf": str(value)}
 
 
 def rendezvous_params(request: EngineRequest) -> dict[str, Any]:
@@ -628,6 +655,8 @@ class SglangEngine:
         retried request id never meets the previous attempt's state."""
         if self._engine is None:
             raise EngineError("engine not started")
+        if request.sampling.logprobs is not None:
+            raise EngineRequestRejected("logprobs are not wired to SGLang's output format in this adapter yet")
         rid = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
         done = False
         self._stats.started()

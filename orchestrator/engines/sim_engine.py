@@ -81,6 +81,18 @@ def load_detokenizer(source: str):
     return Tokenizer.from_file(str(Path(source) / "tokenizer.json"))
 
 
+def _needs_logits(request: EngineRequest) -> str | None:
+    """The first output option that a simulated engine, which computes no logits, cannot honour."""
+    s = request.sampling
+    if s.logprobs is not None:
+        return "logprobs"
+    if s.structured is not None:
+        return "a structured output"
+    if s.logit_bias:
+        return "logit_bias"
+    return None
+
+
 class SimEngine:
     def __init__(self, spec: EngineSpec, clock: Callable[[], float] = time.monotonic) -> None:
         self._model, self._kv_cache, self._role, self._host = spec.model, spec.kv_cache, spec.role, spec.host
@@ -185,6 +197,9 @@ class SimEngine:
     # -- requests ---------------------------------------------------------------
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        unsupported = _needs_logits(request)
+        if unsupported:
+            raise EngineRequestRejected(f"{unsupported} needs a model's logits; the simulated engine has none")
         transfer_s = None
         if request.kv_transfer is not None:
             transfer_s = self._transfer_time(request.kv_transfer.num_tokens)

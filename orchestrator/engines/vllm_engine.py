@@ -30,7 +30,17 @@ from orchestrator.engines.base import (
 from orchestrator.engines.ports import listen_port
 from orchestrator.engines.vllm_kv_events import decode_batch, events_config
 from orchestrator.engines.vllm_plugin import EXIT_WITH_PARENT_ENV, NIXL_PROGRESS_DELAY_ENV, SHM_POLL_ENV
-from orchestrator.messages import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult
+from orchestrator.messages import (
+    EngineChunk,
+    EngineRequest,
+    FinishReason,
+    KVTransfer,
+    PositionLogprobs,
+    PrefillResult,
+    StructuredKind,
+    StructuredOutput,
+    TokenLogprob,
+)
 from orchestrator.placement import per_rank_placement
 
 ENGINE_KIND = "vllm"
@@ -100,6 +110,33 @@ def _finish_reason(reason: str | None) -> FinishReason | None:
     if reason is None:
         return None
     return FinishReason(reason) if reason in FinishReason._value2member_map_ else FinishReason.STOP
+
+
+def structured_outputs_params(structured: StructuredOutput | None):
+    """vLLM's `StructuredOutputsParams` for a constraint (None for none)."""
+    if structured is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    value: object = structured.value
+    if structured.kind is StructuredKind.JSON_OBJECT:
+        value = True
+    elif structured.kind is StructuredKind.CHOICE:
+        value = list(structured.value)
+    return StructuredOutputsParams(**{structured.kind.value: value})
+
+
+def position_logprobs(token_ids: Any, logprobs: Any) -> tuple[PositionLogprobs, ...] | None:
+    """vLLM's per-position {token id: Logprob} dicts (sampled token first, then
+    the top ranks) as plain objects, in vLLM's order."""
+    if logprobs is None:
+        return None
+    positions = []
+    for token_id, candidates in zip(token_ids, logprobs, strict=True):
+        ranked = tuple(TokenLogprob(t, float(lp.logprob), lp.decoded_token or "") for t, lp in candidates.items())
+        sampled = next(c for c in ranked if c.token_id == token_id)
+        positions.append(PositionLogprobs(sampled=sampled, candidates=ranked))
+    return tuple(positions)
 
 
 class _StatsSink:
@@ -286,6 +323,9 @@ class VllmEngine:
             presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty,
             repetition_penalty=s.repetition_penalty,
+            logprobs=s.logprobs,
+            logit_bias=dict(s.logit_bias) or None,
+            structured_outputs=structured_outputs_params(s.structured),
             output_kind=RequestOutputKind.DELTA,
             extra_args={"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None,
         )
@@ -318,6 +358,7 @@ class VllmEngine:
                 stop_reason=completion.stop_reason,
                 num_prompt_tokens=len(request.prompt_token_ids) if first else 0,
                 num_cached_tokens=(out.num_cached_tokens or 0) if first else 0,
+                logprobs=position_logprobs(completion.token_ids, completion.logprobs),
             )
             first = False
 

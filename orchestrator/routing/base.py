@@ -25,6 +25,8 @@ class RouteReason(str, enum.Enum):
     NO_PREFILL_REPLICA = "no_prefill_replica"  # prefill pool empty (scaling, dead, starting)
     PREFILL_SATURATED = "prefill_saturated"  # prefill pool's queue beyond its limit
     AGGREGATED = "aggregated"
+    # Another sample (`n` > 1) of a prompt whose KV the decode replica already holds.
+    SIBLING_SAMPLE = "sibling_sample"
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,8 @@ from orchestrator.messages import (
     KVTransfer,
     PrefillResult,
     SamplingSpec,
+    StructuredKind,
+    StructuredOutput,
 )
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import ReplicaView
@@ -136,6 +138,10 @@ SAMPLING = {
     "defaults": SamplingSpec(max_tokens=4),
     "greedy": SamplingSpec(max_tokens=4, temperature=0.0),
     "out_of_range": SamplingSpec(max_tokens=4, repetition_penalty=3.0),
+    "choice": SamplingSpec(
+        max_tokens=4, logit_bias=((5, 1.5),), structured=StructuredOutput(StructuredKind.CHOICE, ("yes", "a.b"))
+    ),
+    "json_schema": SamplingSpec(max_tokens=4, structured=StructuredOutput(StructuredKind.JSON, '{"type": "object"}')),
 }
 
 
@@ -291,6 +297,21 @@ def test_sampling_params_use_sglang_names():
     }
     plain = sampling_params(SAMPLING["defaults"])
     assert plain["top_k"] == -1 and not {"stop", "stop_token_ids", "sampling_seed"} & set(plain)
+
+
+def test_constraints_and_logit_bias_use_sglang_names():
+    assert sampling_params(SAMPLING["choice"])["regex"] == r"(yes|a\.b)"
+    assert sampling_params(SAMPLING["choice"])["logit_bias"] == {"5": 1.5}
+    assert sampling_params(SAMPLING["json_schema"])["json_schema"] == '{"type": "object"}'
+    grammar = SamplingSpec(max_tokens=4, structured=StructuredOutput(StructuredKind.GRAMMAR, "root ::= 'a'"))
+    assert sampling_params(grammar)["ebnf"] == "root ::= 'a'"
+
+
+def test_sglang_accepts_the_constraints_as_sent(sglang_code):
+    """SGLang's own SamplingParams keeps each constraint under the name we send."""
+    answers = sglang_code["sampling_params"]
+    assert answers["choice"]["params"]["regex"] == r"(yes|a\.b)"
+    assert answers["json_schema"]["params"]["json_schema"] == '{"type": "object"}'
 
 
 def test_sglang_reads_the_sampling_params_as_meant(sglang_code):

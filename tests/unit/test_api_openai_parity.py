@@ -1,0 +1,210 @@
+"""OpenAI parameters beyond the basics over fake pools: n, batched prompts, echo,
+logprobs, logit_bias, structured outputs and forced tool calls. What the
+engine is asked for, and what the client gets, whole and streamed."""
+
+from __future__ import annotations
+
+import json
+
+from orchestrator.api import sse
+from orchestrator.engines.base import EngineRequestRejected
+from orchestrator.messages import StructuredKind, StructuredOutput
+from tests.factories import MODEL, OUT, FakePool, make_frontend, run, token_text
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+async def _post(fe, path: str, body):
+    async with fe.client() as c:
+        return await c.post(path, json=body)
+
+
+def _completion(fe, **body):
+    return run(_post(fe, "/v1/completions", {"model": MODEL, **body}))
+
+
+def _chat(fe, **body):
+    return run(_post(fe, "/v1/chat/completions", {"model": MODEL, "messages": USER, **body}))
+
+
+def _events(r) -> list[dict]:
+    return [e for e in sse.parse_events(r.text) if isinstance(e, dict)]
+
+
+def test_n_samples_share_one_remote_prefill_and_follow_its_decode_replica():
+    fe = make_frontend()
+    r = _completion(fe, prompt="a b c d", max_tokens=2, n=3, seed=7)
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert len(fe.prefill.prefills) == 1  # one prompt, one prefill
+    lead, *siblings = fe.decode.generates
+    assert lead.kv_transfer is not None
+    assert all(s.kv_transfer is None and s.target_replica == lead.target_replica for s in siblings)
+    assert sorted(g.sampling.seed for g in fe.decode.generates) == [7, 8, 9]  # vLLM's child seeds
+    assert fe.metric("orchestrator_route_decisions_total", {"kind": "local_prefill", "reason": "sibling_sample"}) == 2
+    assert body["usage"]["prompt_tokens"] == 4 and body["usage"]["completion_tokens"] == 6
+
+
+def test_batched_prompts_get_one_choice_each_per_sample_in_order():
+    fe = make_frontend()
+    body = _completion(fe, prompt=["a b", "c d e"], max_tokens=1, n=2).json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2, 3]
+    prompts = {g.request_id: len(g.prompt_token_ids) for g in fe.decode.generates}
+    assert prompts == {"req0-0": 2, "req0-1": 2, "req0-2": 3, "req0-3": 3}
+    assert body["usage"]["prompt_tokens"] == 5 and body["usage"]["completion_tokens"] == 4
+
+
+def test_streamed_samples_carry_their_index_and_each_finishes():
+    fe = make_frontend()
+    events = _events(_chat(fe, max_tokens=2, n=2, stream=True))
+    roles = [e["choices"][0]["index"] for e in events if e["choices"][0]["delta"].get("role")]
+    assert roles == [0, 1]
+    for index in (0, 1):
+        mine = [e["choices"][0] for e in events if e["choices"][0]["index"] == index]
+        assert "".join(c["delta"].get("content", "") for c in mine) == token_text(OUT) + token_text(OUT + 1)
+        assert mine[-1]["finish_reason"] == "length"
+
+
+def test_echo_writes_the_prompt_before_the_output_whole_and_streamed():
+    fe = make_frontend(disaggregated=False)
+    whole = _completion(fe, prompt=[11, 12], max_tokens=1, echo=True).json()
+    assert whole["choices"][0]["text"] == token_text(11) + token_text(12) + token_text(OUT)
+    streamed = _events(_completion(fe, prompt=[11, 12], max_tokens=2, echo=True, stream=True))
+    assert [e["choices"][0]["text"] for e in streamed] == [
+        token_text(11) + token_text(12) + token_text(OUT),
+        token_text(OUT + 1),
+    ]
+
+
+def test_completion_logprobs_in_vllms_form_whole_equals_streamed():
+    fe = make_frontend()
+    whole = _completion(fe, prompt="a b", max_tokens=2, logprobs=2).json()["choices"][0]["logprobs"]
+    assert whole["tokens"] == [token_text(OUT), token_text(OUT + 1)]
+    assert whole["token_logprobs"] == [-0.5, -0.5]
+    assert whole["text_offset"] == [0, len(token_text(OUT))]
+    assert whole["top_logprobs"][0] == {token_text(OUT): -0.5, "t0": -1.0}  # the sampled token, then the top ranks
+    streamed = [
+        e["choices"][0]["logprobs"]
+        for e in _events(_completion(fe, prompt="a b", max_tokens=2, logprobs=2, stream=True))
+    ]
+    assert [s["text_offset"][0] for s in streamed] == whole["text_offset"]
+    assert [s["top_logprobs"][0] for s in streamed] == whole["top_logprobs"]
+    (prefill,) = fe.prefill.prefills[-1:]
+    assert prefill.sampling.logprobs is None  # the decode replica samples the first token
+
+
+def test_chat_logprobs_with_top_logprobs_whole_equals_streamed():
+    fe = make_frontend()
+    whole = _chat(fe, max_tokens=2, logprobs=True, top_logprobs=2).json()["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in whole] == [token_text(OUT), token_text(OUT + 1)]
+    assert whole[0]["bytes"] == list(token_text(OUT).encode())
+    assert [t["token"] for t in whole[0]["top_logprobs"]] == [token_text(OUT), "t0"]
+    events = _events(_chat(fe, max_tokens=2, logprobs=True, top_logprobs=2, stream=True))
+    streamed = [c for e in events if e["choices"][0]["logprobs"] for c in e["choices"][0]["logprobs"]["content"]]
+    assert streamed == whole
+    plain = _chat(fe, max_tokens=1, logprobs=True).json()["choices"][0]["logprobs"]["content"][0]
+    assert plain["top_logprobs"] == [] and plain["logprob"] == -0.5
+    assert fe.decode.generates[-1].sampling.logprobs == 0
+
+
+def test_logit_bias_reaches_the_engine_clamped_as_vllm_clamps_it():
+    fe = make_frontend()
+    _completion(fe, prompt="a", max_tokens=1, logit_bias={"5": 250, "6": -3.5})
+    assert fe.decode.generates[0].sampling.logit_bias == ((5, 100.0), (6, -3.5))
+
+
+def test_response_format_constrains_the_decode_side_only():
+    fe = make_frontend()
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    assert _chat(fe, max_tokens=2, response_format=fmt).status_code == 200
+    assert fe.decode.generates[0].sampling.structured == StructuredOutput(StructuredKind.JSON, json.dumps(schema))
+    assert fe.prefill.prefills[0].sampling.structured is None
+    _completion(fe, prompt="a", max_tokens=1, structured_outputs={"choice": ["yes", "no"]})
+    assert fe.decode.generates[-1].sampling.structured == StructuredOutput(StructuredKind.CHOICE, ("yes", "no"))
+    _chat(fe, max_tokens=1, response_format={"type": "json_object"})
+    assert fe.decode.generates[-1].sampling.structured == StructuredOutput(StructuredKind.JSON_OBJECT)
+
+
+def test_a_schema_the_engine_cannot_compile_is_a_400_naming_the_field_and_the_server_keeps_serving():
+    decode = FakePool(
+        "decode_pool", generate_error_after=0, generate_error=EngineRequestRejected("Grammar error: Invalid type: nope")
+    )
+    fe = make_frontend(decode=decode)
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}
+    r = _chat(fe, max_tokens=2, response_format=fmt)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format"
+    decode.generate_error_after = None
+    assert _chat(fe, max_tokens=1).status_code == 200
+
+
+def test_a_constrained_stream_is_not_resumed_mid_output_elsewhere():
+    decode = FakePool("decode_pool", generate_error_after=1)
+    fe = make_frontend(decode=decode)
+    events = _events(_chat(fe, max_tokens=3, stream=True, response_format={"type": "json_object"}))
+    assert events[-1]["error"]["type"] == "server_error"
+    assert fe.metric("orchestrator_decode_migrations_total") == 0
+    unconstrained = _events(_chat(fe, max_tokens=2, stream=True))  # the same failure, no constraint: resumed
+    assert unconstrained[-1]["choices"][0]["finish_reason"] == "length"
+    assert fe.metric("orchestrator_decode_migrations_total") == 1
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    },
+    {"type": "function", "function": {"name": "get_time"}},
+]
+
+
+def test_a_named_tool_choice_constrains_to_its_parameters_and_returns_the_call():
+    decode = FakePool("decode_pool", script=('{"city": ', '"Oslo"}'))
+    fe = make_frontend(decode=decode)
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    body = _chat(fe, max_tokens=8, tools=TOOLS, tool_choice=choice).json()["choices"][0]
+    (call,) = body["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert call["id"].startswith("chatcmpl-tool-") and body["finish_reason"] == "stop"
+    constraint = fe.decode.generates[0].sampling.structured
+    assert json.loads(constraint.value) == TOOLS[0]["function"]["parameters"]
+    events = _events(_chat(fe, max_tokens=8, tools=TOOLS, tool_choice=choice, stream=True))
+    calls = [d["tool_calls"][0] for e in events if (d := e["choices"][0]["delta"]).get("tool_calls")]
+    assert calls[0]["function"]["name"] == "get_weather" and calls[0]["id"] == calls[0]["id"]
+    assert "".join(c["function"]["arguments"] for c in calls) == '{"city": "Oslo"}'
+
+
+def test_required_tool_choice_reads_each_call_from_the_constrained_list():
+    script = ('[{"name": "get_time", "parameters": {}}, ', '{"name": "get_weather", "parameters": {"city": "Rome"}}]')
+    fe = make_frontend(decode=FakePool("decode_pool", script=script))
+    body = _chat(fe, max_tokens=8, tools=TOOLS, tool_choice="required").json()["choices"][0]
+    assert [c["function"]["name"] for c in body["message"]["tool_calls"]] == ["get_time", "get_weather"]
+    assert json.loads(body["message"]["tool_calls"][1]["function"]["arguments"]) == {"city": "Rome"}
+    assert body["finish_reason"] == "tool_calls"
+    schema = json.loads(fe.decode.generates[0].sampling.structured.value)
+    assert schema["type"] == "array" and schema["minItems"] == 1
+    assert [s["properties"]["name"]["enum"] for s in schema["items"]["anyOf"]] == [["get_weather"], ["get_time"]]
+    events = _events(_chat(fe, max_tokens=8, tools=TOOLS, tool_choice="required", stream=True))
+    (last,) = [e["choices"][0] for e in events if e["choices"][0]["finish_reason"]]
+    assert [c["index"] for c in last["delta"]["tool_calls"]] == [0, 1] and last["finish_reason"] == "tool_calls"
+
+
+def test_tool_messages_and_assistant_tool_calls_render_through_the_template():
+    fe = make_frontend()
+    messages = [
+        *USER,
+        {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "get_time", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "noon"},
+    ]
+    r = run(_post(fe, "/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 1}))
+    assert r.status_code == 200
+
+
+def test_auto_tool_choice_is_refused_with_the_reason():
+    fe = make_frontend()
+    r = _chat(fe, max_tokens=1, tools=TOOLS)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
+    assert _chat(fe, max_tokens=1, tools=TOOLS, tool_choice="none").status_code == 200

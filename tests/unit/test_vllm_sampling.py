@@ -1,0 +1,40 @@
+"""Our sampling spec as vLLM's SamplingParams, and vLLM's logprobs as ours (vLLM's own classes)."""
+
+from __future__ import annotations
+
+from vllm.logprobs import Logprob
+
+from orchestrator.engines.vllm_engine import VllmEngine, position_logprobs, structured_outputs_params
+from orchestrator.messages import EngineRequest, SamplingSpec, StructuredKind, StructuredOutput, TokenLogprob
+
+
+def test_each_constraint_kind_is_vllms_field_of_that_name():
+    schema = '{"type": "object"}'
+    assert structured_outputs_params(StructuredOutput(StructuredKind.JSON, schema)).json == schema
+    assert structured_outputs_params(StructuredOutput(StructuredKind.JSON_OBJECT)).json_object is True
+    assert structured_outputs_params(StructuredOutput(StructuredKind.REGEX, "a+")).regex == "a+"
+    assert structured_outputs_params(StructuredOutput(StructuredKind.CHOICE, ("x", "y"))).choice == ["x", "y"]
+    assert structured_outputs_params(StructuredOutput(StructuredKind.GRAMMAR, "root ::= 'a'")).grammar == "root ::= 'a'"
+    assert structured_outputs_params(None) is None
+
+
+def test_sampling_params_carry_logprobs_bias_and_constraint():
+    spec = SamplingSpec(
+        max_tokens=5,
+        logprobs=3,
+        logit_bias=((7, 2.5),),
+        structured=StructuredOutput(StructuredKind.REGEX, "[ab]+"),
+    )
+    params = VllmEngine._sampling_params(None, EngineRequest("r", (1, 2), spec), None)
+    assert params.logprobs == 3 and params.logit_bias == {7: 2.5}
+    assert params.structured_outputs.regex == "[ab]+"
+    plain = VllmEngine._sampling_params(None, EngineRequest("r", (1, 2), SamplingSpec(max_tokens=5)), None)
+    assert plain.logprobs is None and plain.logit_bias is None and plain.structured_outputs is None
+
+
+def test_vllms_logprob_dicts_keep_their_order_and_find_the_sampled_token():
+    step = {9: Logprob(-0.7, rank=3, decoded_token="c"), 4: Logprob(-0.1, rank=1, decoded_token="a")}
+    (position,) = position_logprobs([9], [step])
+    assert position.sampled == TokenLogprob(9, -0.7, "c")
+    assert [c.token_id for c in position.candidates] == [9, 4]
+    assert position_logprobs([9], None) is None
