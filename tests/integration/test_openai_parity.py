@@ -81,17 +81,22 @@ def long_chat(seed: int) -> list[dict]:
 REMOTE = {("remote_prefill", "disaggregated"): 1}
 
 
-@pytest.mark.parametrize("app", ["agg", "disagg"])
-def test_json_schema_output_parses_and_validates_even_from_a_random_model(apps, app):
-    body = {
+def three_schema_samples(prompt_seed: int, seed: int) -> dict:
+    """A long chat asking for 3 seeded samples constrained to SCHEMA."""
+    return {
         "model": MODEL,
-        "messages": long_chat(seed=501),
+        "messages": long_chat(seed=prompt_seed),
         "max_tokens": 300,
         "temperature": 1.0,
-        "seed": 3,
+        "seed": seed,
         "n": 3,
         "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}},
     }
+
+
+@pytest.mark.parametrize("app", ["agg", "disagg"])
+def test_json_schema_output_parses_and_validates_even_from_a_random_model(apps, app):
+    body = three_schema_samples(prompt_seed=501, seed=3)
     answer, took = taken(apps, app, lambda: post_json(apps, app, "/v1/chat/completions", body))
     if app == "disagg":  # one remote prefill; the other samples decode from its KV on the same replica
         assert took == {**REMOTE, ("local_prefill", "sibling_sample"): 2}
@@ -102,15 +107,7 @@ def test_json_schema_output_parses_and_validates_even_from_a_random_model(apps, 
 
 
 def test_structured_outputs_and_n_samples_are_the_same_disaggregated_and_aggregated(apps):
-    body = {
-        "model": MODEL,
-        "messages": long_chat(seed=502),
-        "max_tokens": 300,
-        "temperature": 1.0,
-        "seed": 11,
-        "n": 3,
-        "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA}},
-    }
+    body = three_schema_samples(prompt_seed=502, seed=11)
     disagg, took = taken(apps, "disagg", lambda: post_json(apps, "disagg", "/v1/chat/completions", body))
     assert took == {**REMOTE, ("local_prefill", "sibling_sample"): 2}
     agg = post_json(apps, "agg", "/v1/chat/completions", body)
