@@ -38,6 +38,11 @@ class ModelConfig(_Strict):
     max_model_len: PositiveInt
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     seed: int = 0
+    tool_call_parser: Literal["hermes"] | None = Field(
+        default=None,
+        description='The model\'s tool-call format, for tool_choice "auto" (orchestrator/api/tool_parsers.py); '
+        'None: "auto" is a 400, as vLLM without --tool-call-parser.',
+    )
 
     @property
     def tokenizer_source(self) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.app import Health
 from orchestrator.api.service import CompletionService, ModelCard
+from orchestrator.api.tool_parsers import parser as tool_parser
 from orchestrator.config import PRIMARY_GROUP, AppConfig
 from orchestrator.engines.adapter import publishes_kv_events
 from orchestrator.kv.subscriber import KVEventSubscriber
@@ -148,6 +149,7 @@ def build_frontend(
         retry_after_s=frontend.retry_after_s,
         group_paths=paths,
         shape_router=routing.shape_router,
+        tool_parser=tool_parser(config.model.tool_call_parser) if config.model.tool_call_parser else None,
         wall_clock=wall_clock,
         **({"new_id": new_id} if new_id is not None else {}),
     )

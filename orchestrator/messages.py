@@ -74,6 +74,8 @@ class SamplingSpec:
     logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     structured: StructuredOutput | None = None
+    # False keeps special tokens in the text (tool-call tags that are special tokens in some models).
+    skip_special_tokens: bool = True
 
 
 @dataclass(frozen=True)

@@ -168,13 +168,19 @@ def make_frontend(
     limits: LimitsConfig = LimitsConfig(),
     max_in_flight: int = 64,
     api_key: str | None = None,
+    tool_call_parser: str | None = None,
 ) -> Frontend:
     decode = decode or FakePool("decode_pool")
     prefill = (prefill or FakePool("prefill_pool")) if disaggregated else None
     engine = {"engine": {"kind": "sim"}}
     config = AppConfig.model_validate(
         {
-            "model": {"name": MODEL, "source": "org/test-model", "max_model_len": max_model_len},
+            "model": {
+                "name": MODEL,
+                "source": "org/test-model",
+                "max_model_len": max_model_len,
+                "tool_call_parser": tool_call_parser,
+            },
             "decode_pool": engine,
             **({"prefill_pool": engine} if prefill else {}),
             "routing": {"policy": "round_robin"},

@@ -17,7 +17,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pydantic import ValidationError
@@ -39,6 +39,7 @@ from orchestrator.api.responses import (
     usage_chunk,
     whole_response,
 )
+from orchestrator.api.tool_parsers import ToolCallParser
 from orchestrator.api.tools import ToolMode, template_tools, tool_mode
 from orchestrator.config import LimitsConfig
 from orchestrator.engines.base import EngineRequestRejected
@@ -237,6 +238,7 @@ class CompletionService:
         new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
         group_paths: Mapping[str, RequestPath] | None = None,
         shape_router: ShapeRouter | None = None,
+        tool_parser: ToolCallParser | None = None,
     ) -> None:
         self.model = model
         self.renderer = renderer
@@ -252,6 +254,7 @@ class CompletionService:
         self.clock = clock
         self.wall_clock = wall_clock
         self.new_id = new_id
+        self.tool_parser = tool_parser  # the model's tool-call format, for tool_choice "auto"
 
     # -- public ---------------------------------------------------------------
 
@@ -310,22 +313,18 @@ class CompletionService:
         logit_bias = self._logit_bias(req.logit_bias)
         structured, constraint_param = _constraint(req)
 
-        tools = None
+        tools, keep_special = None, False
         if isinstance(req, CompletionRequest):
             prompts = await self._completion_prompts(req)
             requested, prompt_param, top = req.max_tokens, "prompt", req.logprobs
         else:
-            choice = req.effective_tool_choice
-            if choice == "auto":
-                raise bad_request(
-                    'tool_choice "auto" needs a tool-call parser, which this server does not run; '
-                    'send tool_choice "required" or a named function',
-                    param="tool_choice",
-                    code="unsupported",
-                )
-            tools = tool_mode(req.tools, choice, req.parallel_tool_calls)
-            if tools is not None:
+            try:
+                tools = tool_mode(req.tools, req.effective_tool_choice, req.parallel_tool_calls, self.tool_parser)
+            except ValueError as e:
+                raise bad_request(str(e), param="tool_choice", code="unsupported") from None
+            if tools is not None and tools.constraint is not None:
                 structured, constraint_param = tools.constraint, "tools"
+            keep_special = tools is not None and tools.parser is not None and tools.parser.keeps_special_tokens
             messages = [_template_message(m) for m in req.messages]
             prompt = await asyncio.to_thread(self.renderer.chat_prompt, messages, template_tools(req.tools))
             prompts = [prompt]
@@ -341,6 +340,8 @@ class CompletionService:
             for j in range(req.n):
                 index = i * req.n + j
                 sampling = _sampling(req, max_tokens, j, top, logit_bias, structured)
+                if keep_special:
+                    sampling = replace(sampling, skip_special_tokens=False)
                 request_id = rid if len(prompts) * req.n == 1 else f"{rid}-{index}"
                 plans.append(ChoicePlan(index, EngineRequest(request_id, prompt_ids, sampling), i, j == 0, echo_text))
         prefix = "cmpl" if endpoint is Endpoint.COMPLETIONS else "chatcmpl"
@@ -605,6 +606,8 @@ class _ChoiceState:
         self.trace = RequestTrace()
         self.started = False  # a delta of this choice has been streamed
         self.call_id: str | None = None  # a named tool call's id, from its first delta
+        self.call_at: int | None = None  # "auto": where the first call begins in the output
+        self.sent_chars = 0  # "auto": output characters sent as content
         top = p.options.top_logprobs
         self.completion_logprobs = (
             CompletionLogprobs(top) if top is not None and p.endpoint is Endpoint.COMPLETIONS else None
@@ -615,10 +618,9 @@ class _ChoiceState:
         prefill = self.trace.prefill
         return prefill.num_cached_tokens if prefill is not None else self.totals.num_cached_tokens
 
-    def _finish_reason(self, reason: FinishReason | None) -> str | None:
-        value = reason.value if reason is not None else None
-        tools = self.options.tools
-        return tools.finish_reason(value) if tools is not None and value is not None else value
+    @staticmethod
+    def _finish_reason(reason: FinishReason | None) -> str | None:
+        return reason.value if reason is not None else None
 
     def _logprobs(self, positions: Any) -> dict[str, Any] | None:
         top = self.options.top_logprobs
@@ -642,12 +644,14 @@ class _ChoiceState:
             return completion_choice(
                 self.plan.index, text, finish, logprobs, self._token_ids(t.token_ids), self.prompt_ids
             )
-        message: dict[str, Any] = {"role": "assistant", "content": t.text}
-        calls = self.options.tools.calls(t.text) if self.options.tools is not None else None
+        tools = self.options.tools
+        content, calls = tools.message(t.text) if tools is not None else (t.text, None)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls is not None and tools.parser is not None:
+            message["content"] = content or None  # auto: the text before the calls, if any (as vLLM)
         if calls is not None:
-            message = {"role": "assistant", "content": "", "tool_calls": calls}
-        else:
-            finish = t.finish_reason.value if t.finish_reason is not None else None
+            message["tool_calls"] = calls
+            finish = tools.finish_reason(finish, called=True)
         return chat_choice(self.plan.index, message, finish, logprobs, self._token_ids(t.token_ids))
 
     # -- streamed ---------------------------------------------------------------
@@ -682,10 +686,35 @@ class _ChoiceState:
                 call["function"] = {"name": tools.named, "arguments": c.text}
                 return {"tool_calls": [call]}, finish
             return ({"tool_calls": [{"index": 0, "function": {"arguments": c.text}}]} if c.text else {}), finish
+        if tools.parser is not None:
+            return self._auto_delta(c, finish)
         if not c.finished:  # "required": the calls are read from the whole output, sent with the finish
             return None, None
-        calls = tools.calls(self.totals.text)
+        content, calls = tools.message(self.totals.text)
         if calls is None:
-            reason = c.finish_reason.value if c.finish_reason is not None else None
-            return {"content": self.totals.text}, reason
-        return {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}, finish
+            return {"content": content}, finish
+        return {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}, tools.finish_reason(finish, True)
+
+    def _auto_delta(self, c: EngineChunk, finish: str | None) -> tuple[dict[str, Any] | None, str | None]:
+        """ "auto": content streams until a call begins (a suffix that may begin one held
+        back); the calls are read from the whole output and sent with the finish."""
+        tools = self.options.tools
+        assert tools is not None and tools.parser is not None
+        text = self.totals.text
+        if self.call_at is None:
+            self.call_at = tools.parser.start(text)
+        calls = None
+        if c.finished:
+            content, calls = tools.message(text)
+            end = len(text) if calls is None else len(content)
+        else:
+            end = self.call_at if self.call_at is not None else tools.parser.safe_prefix(text)
+        delta: dict[str, Any] = {}
+        if end > self.sent_chars:
+            delta["content"] = text[self.sent_chars : end]
+            self.sent_chars = end
+        if calls:
+            delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
+        if not c.finished:
+            return (delta or None), None
+        return delta, tools.finish_reason(finish, bool(calls))

@@ -9,19 +9,19 @@ the tool calls are read back from the constrained text:
 
 Both follow vLLM 0.32 (`vllm/tool_parsers/utils.py::get_json_schema_from_tools`
 and `chat_completion/serving.py`); they are restated here because the frontend
-does not import an engine. "auto" needs a model-specific parser of free text
-and is not served here (a 400, as vLLM's own server without
-`--tool-call-parser` gives).
+does not import an engine. "auto" reads the calls from free text with the
+model's format (`orchestrator/api/tool_parsers.py`, `model.tool_call_parser`);
+without one it is a 400, as vLLM's own server without `--tool-call-parser`.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.api.protocol import NamedToolChoice, Tool
+from orchestrator.api.tool_parsers import ToolCallParser, tool_call
 from orchestrator.messages import StructuredKind, StructuredOutput
 
 _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
@@ -31,32 +31,28 @@ _EMPTY_OBJECT: dict[str, Any] = {"type": "object", "properties": {}}
 class ToolMode:
     """How a chat request's output becomes tool calls; None of it for "none"."""
 
-    named: str | None  # the function a named choice forces; None: "required"
-    constraint: StructuredOutput
+    named: str | None  # the function a named choice forces
+    constraint: StructuredOutput | None  # named and "required": what the output is held to
+    parser: ToolCallParser | None = None  # "auto": the model's format, read from free text
 
-    def calls(self, text: str) -> list[dict[str, Any]] | None:
-        """The tool calls in a finished output; None when it is not a whole call (cut by length)."""
+    def message(self, text: str) -> tuple[str, list[dict[str, Any]] | None]:
+        """(content, tool calls) of a finished output; calls None when it holds no whole call."""
+        if self.parser is not None:
+            content, calls = self.parser.parse(text)
+            return (content, calls) if calls else (text, None)
         if self.named is not None:
-            return [_call(self.named, text)]
+            return "", [tool_call(self.named, text)]
         try:
             items = json.loads(text)
-        except ValueError:
-            return None
-        try:
-            return [_call(i["name"], json.dumps(i["parameters"], ensure_ascii=False)) for i in items]
-        except (KeyError, TypeError):
-            return None
+            return "", [tool_call(i["name"], json.dumps(i["parameters"], ensure_ascii=False)) for i in items]
+        except (ValueError, KeyError, TypeError):  # cut by length
+            return text, None
 
-    def finish_reason(self, engine_reason: str | None) -> str | None:
-        return "tool_calls" if self.named is None and engine_reason == "stop" else engine_reason
-
-
-def _call(name: str, arguments: str) -> dict[str, Any]:
-    return {
-        "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
-        "type": "function",
-        "function": {"name": name, "arguments": arguments},
-    }
+    def finish_reason(self, engine_reason: str | None, called: bool) -> str | None:
+        """As vLLM: "tool_calls" when auto found calls or required stopped; named keeps "stop"."""
+        if called and self.named is None and (self.parser is not None or engine_reason == "stop"):
+            return "tool_calls"
+        return engine_reason
 
 
 def _required_schema(tools: list[Tool], parallel: bool | None) -> dict[str, Any]:
@@ -76,11 +72,20 @@ def _required_schema(tools: list[Tool], parallel: bool | None) -> dict[str, Any]
     return schema
 
 
-def tool_mode(tools: list[Tool] | None, choice: str | NamedToolChoice, parallel: bool | None = None) -> ToolMode | None:
-    """The constraint and reading of a "required" or named choice; None for "none" (and "auto",
-    which the caller refuses)."""
-    if not tools or choice in ("none", "auto"):
+def tool_mode(
+    tools: list[Tool] | None,
+    choice: str | NamedToolChoice,
+    parallel: bool | None = None,
+    parser: ToolCallParser | None = None,
+) -> ToolMode | None:
+    """How the output becomes calls; None for "none". "auto" needs the model's `parser`
+    (ValueError without one, as vLLM's server without `--tool-call-parser`)."""
+    if not tools or choice == "none":
         return None
+    if choice == "auto":
+        if parser is None:
+            raise ValueError('tool_choice "auto" needs model.tool_call_parser in the config')
+        return ToolMode(None, None, parser)
     if isinstance(choice, NamedToolChoice):
         tool = next(t for t in tools if t.function.name == choice.function.name)
         schema = tool.function.parameters or _EMPTY_OBJECT

@@ -318,6 +318,8 @@ def sampling_params(spec: SamplingSpec) -> dict[str, Any]:
         params["stop_token_ids"] = list(spec.stop_token_ids)
     if spec.seed is not None:
         params["sampling_seed"] = spec.seed
+    if not spec.skip_special_tokens:
+        params["skip_special_tokens"] = False
     if spec.logit_bias:
         params["logit_bias"] = {str(t): b for t, b in spec.logit_bias}
     if spec.structured is not None:

@@ -326,6 +326,7 @@ class VllmEngine:
             logprobs=s.logprobs,
             logit_bias=dict(s.logit_bias) or None,
             structured_outputs=structured_outputs_params(s.structured),
+            skip_special_tokens=s.skip_special_tokens,
             output_kind=RequestOutputKind.DELTA,
             extra_args={"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None,
         )

@@ -1,0 +1,94 @@
+"""Tool calls read from a model's free text (`tool_choice: "auto"`), by the
+format the model was trained on, named in the config (`model.tool_call_parser`).
+
+A registry keyed by format name. Each parser reads a whole output into
+(content, calls) and, streamed, lets content through until a call begins,
+holding back any suffix that could be the start of one.
+
+    hermes: content <tool_call>{"name": ..., "arguments": {...}}</tool_call> ...
+            (Hermes 2 Pro, Qwen 2.5 / Qwen 3; as vLLM's `hermes` parser,
+            vllm/tool_parsers/hermes_tool_parser.py: the same tags, content is
+            the text before the first tag, an unclosed last tag is read to the
+            end, any JSON that does not parse leaves the whole text as content)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+
+def tool_call(name: str, arguments: str) -> dict[str, Any]:
+    """One OpenAI tool call, with an id as vLLM makes them."""
+    return {
+        "id": f"chatcmpl-tool-{uuid.uuid4().hex}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+
+
+class ToolCallParser(Protocol):
+    # Tags of the format are special tokens in some tokenizers: the engine must keep them in the text.
+    keeps_special_tokens: bool
+
+    def parse(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        """(content, tool calls) of a whole output; no calls when it holds none that parse."""
+        ...
+
+    def start(self, text: str) -> int | None:
+        """Where the first call begins in `text`, or None."""
+        ...
+
+    def safe_prefix(self, text: str) -> int:
+        """How much of `text` (no call begun yet) can be sent as content: all but a
+        suffix that could still become the start of a call."""
+        ...
+
+
+@dataclass(frozen=True)
+class HermesParser:
+    open_tag: str = "<tool_call>"
+    close_tag: str = "</tool_call>"
+    keeps_special_tokens: bool = True
+
+    def _calls(self, text: str) -> list[dict[str, Any]]:
+        pattern = (
+            re.escape(self.open_tag) + r"(.*?)" + re.escape(self.close_tag) + "|" + re.escape(self.open_tag) + "(.*)"
+        )
+        calls = []
+        for closed, unclosed in re.findall(pattern, text, re.DOTALL):
+            call = json.loads(closed or unclosed)
+            calls.append(tool_call(call["name"], json.dumps(call["arguments"], ensure_ascii=False)))
+        return calls
+
+    def parse(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        begin = self.start(text)
+        if begin is None:
+            return text, []
+        try:
+            return text[:begin], self._calls(text)
+        except (ValueError, KeyError, TypeError):
+            return text, []
+
+    def start(self, text: str) -> int | None:
+        at = text.find(self.open_tag)
+        return None if at < 0 else at
+
+    def safe_prefix(self, text: str) -> int:
+        for keep in range(min(len(self.open_tag) - 1, len(text)), 0, -1):
+            if self.open_tag.startswith(text[-keep:]):
+                return len(text) - keep
+        return len(text)
+
+
+PARSERS: dict[str, ToolCallParser] = {"hermes": HermesParser()}
+
+
+def parser(name: str) -> ToolCallParser:
+    try:
+        return PARSERS[name]
+    except KeyError:
+        raise ValueError(f"unknown tool-call parser {name!r}; known: {sorted(PARSERS)}") from None

@@ -1,0 +1,91 @@
+"""Tool calls read from free text ("auto"): our hermes reader against vLLM's own
+Hermes2ProToolParser on the same outputs, and "auto" through the API, whole and streamed."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from transformers import AutoTokenizer
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+
+from orchestrator.api import sse
+from orchestrator.api.tool_parsers import HermesParser, parser
+from orchestrator.tiny_model import make_tiny_model
+from tests.factories import MODEL, FakePool, make_frontend, run
+
+# The format of Qwen 2.5 / Hermes 2 Pro chat templates (Qwen's function-calling
+# docs, "Hermes-style tool use"): text, then one tag per call.
+OUTPUTS = [
+    "The weather is fine.",
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
+    'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+    '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Ro',  # cut by length: no call
+    '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}',  # unclosed last tag, whole JSON
+]
+
+
+@pytest.fixture(scope="module")
+def vllm_parser(tmp_path_factory):
+    tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path_factory.mktemp("tiny")))
+    return Hermes2ProToolParser(tokenizer)
+
+
+@pytest.mark.parametrize("text", OUTPUTS)
+def test_hermes_reads_what_vllms_hermes_parser_reads(vllm_parser, text):
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}])
+    theirs = vllm_parser.extract_tool_calls(text, request)
+    content, calls = HermesParser().parse(text)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in theirs.tool_calls
+    ]
+    assert (content or None) == (theirs.content or None) if calls else content == text
+
+
+def test_a_partial_tag_is_held_back_until_it_is_known():
+    hermes = parser("hermes")
+    assert hermes.safe_prefix("ok <tool_") == 3 and hermes.safe_prefix("ok <b") == 5 and hermes.safe_prefix("a <") == 2
+    with pytest.raises(ValueError, match="unknown tool-call parser"):
+        parser("nope")
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+CALL = ("Sure. ", "<tool", '_call>\n{"name": "get_weather", ', '"arguments": {"city": "Oslo"}}\n</tool_call>')
+
+
+def _chat(fe, **body):
+    async def go():
+        async with fe.client() as c:
+            messages = [{"role": "user", "content": "weather?"}]
+            return await c.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, **body})
+
+    return run(go())
+
+
+def test_auto_reads_calls_from_the_text_whole_and_streamed_with_special_tokens_kept():
+    fe = make_frontend(decode=FakePool("decode_pool", script=CALL), tool_call_parser="hermes")
+    choice = _chat(fe, max_tokens=8, tools=TOOLS).json()["choices"][0]
+    assert choice["message"]["content"] == "Sure. " and choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert fe.decode.generates[0].sampling.skip_special_tokens is False
+    assert fe.decode.generates[0].sampling.structured is None  # auto: free text
+    events = [
+        e for e in sse.parse_events(_chat(fe, max_tokens=8, tools=TOOLS, stream=True).text) if isinstance(e, dict)
+    ]
+    deltas = [e["choices"][0]["delta"] for e in events[1:]]
+    assert "".join(d.get("content", "") for d in deltas) == "Sure. "  # the tag never leaks as content
+    assert [d["tool_calls"][0]["function"]["name"] for d in deltas if "tool_calls" in d] == ["get_weather"]
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_auto_without_a_call_is_plain_content():
+    fe = make_frontend(decode=FakePool("decode_pool", script=("no ", "<b>call</b>")), tool_call_parser="hermes")
+    choice = _chat(fe, max_tokens=8, tools=TOOLS).json()["choices"][0]
+    assert choice["message"] == {"role": "assistant", "content": "no <b>call</b>"} and choice["finish_reason"] == "stop"
+    events = [
+        e for e in sse.parse_events(_chat(fe, max_tokens=8, tools=TOOLS, stream=True).text) if isinstance(e, dict)
+    ]
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == "no <b>call</b>"
