@@ -43,6 +43,11 @@ class ModelConfig(_Strict):
         description='The model\'s tool-call format, for tool_choice "auto" (orchestrator/api/tool_parsers.py); '
         'None: "auto" is a 400, as vLLM without --tool-call-parser.',
     )
+    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = Field(
+        default=None,
+        description="The model's thinking format: chat answers carry it apart as `reasoning` "
+        "(orchestrator/api/reasoning_parsers.py), as vLLM's --reasoning-parser.",
+    )
 
     @property
     def tokenizer_source(self) -> str:

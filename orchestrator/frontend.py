@@ -23,6 +23,7 @@ from typing import Any
 
 from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.app import Health
+from orchestrator.api.reasoning_parsers import parser as reasoning_parser
 from orchestrator.api.service import CompletionService, ModelCard
 from orchestrator.api.tool_parsers import parser as tool_parser
 from orchestrator.config import PRIMARY_GROUP, AppConfig
@@ -150,6 +151,7 @@ def build_frontend(
         group_paths=paths,
         shape_router=routing.shape_router,
         tool_parser=tool_parser(config.model.tool_call_parser) if config.model.tool_call_parser else None,
+        reasoning_parser=reasoning_parser(config.model.reasoning_parser) if config.model.reasoning_parser else None,
         wall_clock=wall_clock,
         **({"new_id": new_id} if new_id is not None else {}),
     )

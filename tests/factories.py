@@ -169,6 +169,7 @@ def make_frontend(
     max_in_flight: int = 64,
     api_key: str | None = None,
     tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
 ) -> Frontend:
     decode = decode or FakePool("decode_pool")
     prefill = (prefill or FakePool("prefill_pool")) if disaggregated else None
@@ -180,6 +181,7 @@ def make_frontend(
                 "source": "org/test-model",
                 "max_model_len": max_model_len,
                 "tool_call_parser": tool_call_parser,
+                "reasoning_parser": reasoning_parser,
             },
             "decode_pool": engine,
             **({"prefill_pool": engine} if prefill else {}),

@@ -165,7 +165,8 @@ class ChatMessage(_Body):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
-    reasoning_content: str | None = None
+    reasoning: str | None = None
+    reasoning_content: str | None = None  # the older name vLLM still reads
     # After `role` and `tool_calls`: its check reads them.
     content: str | list[TextPart] | None = Field(default=None, validate_default=True)
 

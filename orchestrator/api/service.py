@@ -27,6 +27,7 @@ from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.errors import APIError, bad_request, from_validation_error, model_not_found, server_error
 from orchestrator.api.logprobs import CompletionLogprobs, chat_logprobs
 from orchestrator.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, ToolCall
+from orchestrator.api.reasoning_parsers import ReasoningParser
 from orchestrator.api.responses import (
     Endpoint,
     ResponseHeader,
@@ -93,6 +94,7 @@ class OutputOptions:
     top_logprobs: int | None = None  # None: no log-probabilities
     return_token_ids: bool = False
     tools: ToolMode | None = None
+    reasoning: ReasoningParser | None = None  # splits the model's thinking from its answer (chat)
     # The field a constraint came from, named when the engine rejects the constraint.
     constraint_param: str | None = None
 
@@ -239,6 +241,7 @@ class CompletionService:
         group_paths: Mapping[str, RequestPath] | None = None,
         shape_router: ShapeRouter | None = None,
         tool_parser: ToolCallParser | None = None,
+        reasoning_parser: ReasoningParser | None = None,
     ) -> None:
         self.model = model
         self.renderer = renderer
@@ -255,6 +258,7 @@ class CompletionService:
         self.wall_clock = wall_clock
         self.new_id = new_id
         self.tool_parser = tool_parser  # the model's tool-call format, for tool_choice "auto"
+        self.reasoning_parser = reasoning_parser  # the model's thinking format (chat)
 
     # -- public ---------------------------------------------------------------
 
@@ -354,7 +358,14 @@ class CompletionService:
             stream=req.stream,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
             arrival=arrival,
-            options=OutputOptions(top, req.return_token_ids, tools, constraint_param),
+            options=OutputOptions(
+                top,
+                req.return_token_ids,
+                tools,
+                # A constrained output has no free thinking to split off.
+                self.reasoning_parser if endpoint is Endpoint.CHAT and structured is None else None,
+                constraint_param,
+            ),
         )
 
     async def _completion_prompts(self, req: CompletionRequest) -> list[tuple[int, ...]]:
@@ -607,7 +618,8 @@ class _ChoiceState:
         self.started = False  # a delta of this choice has been streamed
         self.call_id: str | None = None  # a named tool call's id, from its first delta
         self.call_at: int | None = None  # "auto": where the first call begins in the output
-        self.sent_chars = 0  # "auto": output characters sent as content
+        self.sent_chars = 0  # characters of the answer's content streamed
+        self.sent_reasoning = 0  # characters of the reasoning streamed
         top = p.options.top_logprobs
         self.completion_logprobs = (
             CompletionLogprobs(top) if top is not None and p.endpoint is Endpoint.COMPLETIONS else None
@@ -645,8 +657,11 @@ class _ChoiceState:
                 self.plan.index, text, finish, logprobs, self._token_ids(t.token_ids), self.prompt_ids
             )
         tools = self.options.tools
-        content, calls = tools.message(t.text) if tools is not None else (t.text, None)
+        reasoning, answer = self._split()
+        content, calls = tools.message(answer) if tools is not None else (answer, None)
         message: dict[str, Any] = {"role": "assistant", "content": content}
+        if self.options.reasoning is not None:
+            message = {"role": "assistant", "reasoning": reasoning, "content": content or None}
         if calls is not None and tools.parser is not None:
             message["content"] = content or None  # auto: the text before the calls, if any (as vLLM)
         if calls is not None:
@@ -670,41 +685,58 @@ class _ChoiceState:
             text = (self.plan.echo if first else "") + c.text
             prompt_ids = self.prompt_ids if first else None
             return completion_choice(self.plan.index, text, finish, logprobs, self._token_ids(c.token_ids), prompt_ids)
-        delta, finish = self._chat_delta(c, finish)
+        reasoning, content = self._split(c.finished)
+        delta, finish = self._chat_delta(content, c.finished, finish)
+        piece = (reasoning or "")[self.sent_reasoning :]
+        if piece:
+            self.sent_reasoning += len(piece)
+            delta = {"reasoning": piece, **(delta or {})}
         if delta is None and not logprobs:
             return None
         return chat_delta(self.plan.index, delta or {}, finish, logprobs, self._token_ids(c.token_ids))
 
-    def _chat_delta(self, c: EngineChunk, finish: str | None) -> tuple[dict[str, Any] | None, str | None]:
-        tools = self.options.tools
-        if tools is None:
-            return ({"content": c.text} if c.text else {}), finish
-        if tools.named is not None:  # the arguments stream as they come, as vLLM streams a named call
-            if self.call_id is None:
-                self.call_id = f"chatcmpl-tool-{uuid.uuid4().hex}"
-                call = {"index": 0, "id": self.call_id, "type": "function"}
-                call["function"] = {"name": tools.named, "arguments": c.text}
-                return {"tool_calls": [call]}, finish
-            return ({"tool_calls": [{"index": 0, "function": {"arguments": c.text}}]} if c.text else {}), finish
-        if tools.parser is not None:
-            return self._auto_delta(c, finish)
-        if not c.finished:  # "required": the calls are read from the whole output, sent with the finish
-            return None, None
-        content, calls = tools.message(self.totals.text)
-        if calls is None:
-            return {"content": content}, finish
-        return {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}, tools.finish_reason(finish, True)
+    def _split(self, final: bool = True) -> tuple[str | None, str]:
+        """(reasoning, content) of the output so far; without a reasoning parser all is content."""
+        text = self.totals.text
+        if self.options.reasoning is None:
+            return None, text
+        reasoning, content = self.options.reasoning.split(text, final)
+        return reasoning, content or ""
 
-    def _auto_delta(self, c: EngineChunk, finish: str | None) -> tuple[dict[str, Any] | None, str | None]:
+    def _chat_delta(self, content: str, finished: bool, finish: str | None) -> tuple[dict[str, Any] | None, str | None]:
+        """The delta of the answer's content so far (`content`), as the tool mode shapes it."""
+        tools = self.options.tools
+        if tools is not None and tools.parser is not None:
+            return self._auto_delta(content, finished, finish)
+        if tools is not None and tools.named is None:  # "required": the calls are read from the whole output
+            if not finished:
+                return None, None
+            text, calls = tools.message(content)
+            if calls is None:
+                return {"content": text}, finish
+            return {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}, tools.finish_reason(
+                finish, True
+            )
+        piece = content[self.sent_chars :]
+        self.sent_chars = len(content)
+        if tools is None:
+            return ({"content": piece} if piece else {}), finish
+        if self.call_id is None:  # named: the arguments stream as they come, as vLLM streams a named call
+            self.call_id = f"chatcmpl-tool-{uuid.uuid4().hex}"
+            call = {"index": 0, "id": self.call_id, "type": "function"}
+            call["function"] = {"name": tools.named, "arguments": piece}
+            return {"tool_calls": [call]}, finish
+        return ({"tool_calls": [{"index": 0, "function": {"arguments": piece}}]} if piece else {}), finish
+
+    def _auto_delta(self, text: str, finished: bool, finish: str | None) -> tuple[dict[str, Any] | None, str | None]:
         """ "auto": content streams until a call begins (a suffix that may begin one held
         back); the calls are read from the whole output and sent with the finish."""
         tools = self.options.tools
         assert tools is not None and tools.parser is not None
-        text = self.totals.text
         if self.call_at is None:
             self.call_at = tools.parser.start(text)
         calls = None
-        if c.finished:
+        if finished:
             content, calls = tools.message(text)
             end = len(text) if calls is None else len(content)
         else:
@@ -715,6 +747,6 @@ class _ChoiceState:
             self.sent_chars = end
         if calls:
             delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]
-        if not c.finished:
+        if not finished:
             return (delta or None), None
         return delta, tools.finish_reason(finish, bool(calls))

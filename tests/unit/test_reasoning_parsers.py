@@ -1,0 +1,70 @@
+"""The model's thinking split from its answer: our `think` reader against vLLM's own
+DeepSeek-R1 parser on the same outputs, and through the API, whole and streamed alike."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import AutoTokenizer
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.reasoning.deepseek_r1_reasoning_parser import DeepSeekR1ReasoningParser
+
+from orchestrator.api import sse
+from orchestrator.api.reasoning_parsers import parser
+from orchestrator.tiny_model import make_tiny_model
+from tests.factories import MODEL, FakePool, make_frontend, run
+
+OUTPUTS = [
+    "<think>Two and two.</think>Four.",
+    "Two and two.</think>Four.",  # the template wrote the start tag
+    "<think>Still thinking",  # no end tag: all reasoning
+    "<think>Done.</think>",  # nothing after: content None
+    "Plain answer.",
+]
+
+
+@pytest.fixture(scope="module")
+def vllm_parser(tmp_path_factory):
+    tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path_factory.mktemp("tiny")))
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+    return DeepSeekR1ReasoningParser(tokenizer)
+
+
+@pytest.mark.parametrize("text", OUTPUTS)
+def test_think_splits_as_vllms_deepseek_r1_parser(vllm_parser, text):
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}])
+    assert parser("deepseek_r1").split(text) == vllm_parser.extract_reasoning(text, request)
+
+
+def test_a_partial_tag_is_not_sent_before_it_is_known():
+    think = parser("qwen3")
+    assert think.split("<thi", final=False) == (None, None)
+    assert think.split("<think>abc</thi", final=False) == ("abc", None)
+    assert think.split("<think>abc</think>de", final=False) == ("abc", "de")
+    with pytest.raises(ValueError, match="unknown reasoning parser"):
+        parser("nope")
+
+
+SCRIPT = ("<think>", "Two and", " two.</th", "ink>Fo", "ur.")
+
+
+def _chat(fe, **body):
+    async def go():
+        async with fe.client() as c:
+            messages = [{"role": "user", "content": "2+2?"}]
+            return await c.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, **body})
+
+    return run(go())
+
+
+def test_reasoning_comes_apart_from_the_content_whole_and_streamed():
+    decode = FakePool("decode_pool", script=SCRIPT)
+    fe = make_frontend(decode=decode, reasoning_parser="deepseek_r1")
+    message = _chat(fe, max_tokens=8).json()["choices"][0]["message"]
+    assert message == {"role": "assistant", "reasoning": "Two and two.", "content": "Four."}
+    events = [e for e in sse.parse_events(_chat(fe, max_tokens=8, stream=True).text) if isinstance(e, dict)]
+    deltas = [e["choices"][0]["delta"] for e in events[1:]]
+    assert "".join(d.get("reasoning", "") for d in deltas) == "Two and two."
+    assert "".join(d.get("content", "") for d in deltas) == "Four."
+    assert all("<" not in d.get("reasoning", "") + d.get("content", "") for d in deltas)
+    constrained = _chat(fe, max_tokens=8, response_format={"type": "json_object"}).json()["choices"][0]["message"]
+    assert "reasoning" not in constrained  # a constrained output is all answer
