@@ -17,19 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from orchestrator.api.partial_tags import held_back
+
 
 class ReasoningParser(Protocol):
     def split(self, text: str, final: bool = True) -> tuple[str | None, str | None]:
         """(reasoning, content) of `text`; not `final`: what is certain so far."""
         ...
-
-
-def _held_back(text: str, tag: str) -> int:
-    """Length of the longest suffix of `text` that is a proper prefix of `tag`."""
-    for keep in range(min(len(tag) - 1, len(text)), 0, -1):
-        if tag.startswith(text[-keep:]):
-            return keep
-    return 0
 
 
 @dataclass(frozen=True)
@@ -46,7 +40,7 @@ class ThinkParser:
         reasoning, tag, content = text.partition(self.end)
         if not tag:
             if not final:
-                reasoning = reasoning[: len(reasoning) - _held_back(reasoning, self.end)]
+                reasoning = reasoning[: len(reasoning) - held_back(reasoning, self.end)]
             return reasoning or None, None
         return reasoning or None, content or None
 

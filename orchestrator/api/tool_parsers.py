@@ -20,6 +20,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from orchestrator.api.partial_tags import held_back
+
 
 def tool_call(name: str, arguments: str) -> dict[str, Any]:
     """One OpenAI tool call, with an id as vLLM makes them."""
@@ -78,10 +80,7 @@ class HermesParser:
         return None if at < 0 else at
 
     def safe_prefix(self, text: str) -> int:
-        for keep in range(min(len(self.open_tag) - 1, len(text)), 0, -1):
-            if self.open_tag.startswith(text[-keep:]):
-                return len(text) - keep
-        return len(text)
+        return len(text) - held_back(text, self.open_tag)
 
 
 PARSERS: dict[str, ToolCallParser] = {"hermes": HermesParser()}
