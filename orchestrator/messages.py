@@ -41,6 +41,7 @@ class TokenLogprob:
     token_id: int
     logprob: float
     token: str  # the engine's text for this one token
+    rank: int | None = None  # 1 = the most likely token at its position; None: not reported
 
 
 @dataclass(frozen=True)
@@ -72,10 +73,19 @@ class SamplingSpec:
     repetition_penalty: float = 1.0
     # Top log-probabilities per output position (0: the sampled token's only); None: none.
     logprobs: int | None = None
+    # The same per prompt position (0: the prompt token's only); None: none. The
+    # engine that computes the prompt returns them, so such a request prefills
+    # where it decodes (`EngineRequest.prefills_where_it_decodes`).
+    prompt_logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()
     structured: StructuredOutput | None = None
     # False keeps special tokens in the text (tool-call tags that are special tokens in some models).
     skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    # Sampling restricted to these tokens (None: any), and word sequences never generated.
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -113,10 +123,19 @@ class EngineRequest:
         return replace(
             self,
             request_id=f"{self.request_id}-prefill",
-            sampling=replace(self.sampling, max_tokens=1, min_tokens=0, logprobs=None, structured=None),
+            sampling=replace(
+                self.sampling, max_tokens=1, min_tokens=0, logprobs=None, prompt_logprobs=None, structured=None
+            ),
             kv_transfer=None,
             target_replica=replica,
         )
+
+    @property
+    def prefills_where_it_decodes(self) -> bool:
+        """Whether only the decode replica may compute the prompt: its
+        log-probabilities come from the engine that computes it, and a remote
+        prefill's stay on the prefill replica."""
+        return self.sampling.prompt_logprobs is not None
 
     def for_decode(self, replica: str | None, kv_transfer: KVTransfer | None) -> EngineRequest:
         return replace(self, kv_transfer=kv_transfer, target_replica=replica)
@@ -139,7 +158,11 @@ class EngineRequest:
             request_id=f"{self.request_id}-m{attempt}",
             prompt_token_ids=self.prompt_token_ids + tuple(generated),
             sampling=replace(
-                s, max_tokens=s.max_tokens - len(generated), min_tokens=max(0, s.min_tokens - len(generated))
+                s,
+                max_tokens=s.max_tokens - len(generated),
+                min_tokens=max(0, s.min_tokens - len(generated)),
+                # Sent with the first token: a continuation after it has none to send.
+                prompt_logprobs=s.prompt_logprobs if not generated else None,
             ),
             kv_transfer=None,
             target_replica=None,
@@ -161,6 +184,9 @@ class EngineChunk:
     num_cached_tokens: int = 0
     # One per token in `token_ids` when the request asked for log-probabilities.
     logprobs: tuple[PositionLogprobs, ...] | None = None
+    # First chunk only, when the request asked for them: one per prompt token,
+    # None for the first (nothing precedes it).
+    prompt_logprobs: tuple[PositionLogprobs | None, ...] | None = None
 
     @property
     def finished(self) -> bool:
@@ -185,12 +211,15 @@ class CompletionTotals:
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     logprobs: list[PositionLogprobs] = field(default_factory=list)
+    prompt_logprobs: tuple[PositionLogprobs | None, ...] | None = None
 
     def add(self, chunk: EngineChunk) -> None:
         self.text += chunk.text
         self.token_ids.extend(chunk.token_ids)
         if chunk.logprobs:
             self.logprobs.extend(chunk.logprobs)
+        if chunk.prompt_logprobs is not None:
+            self.prompt_logprobs = chunk.prompt_logprobs
         if chunk.num_prompt_tokens:
             self.num_prompt_tokens = chunk.num_prompt_tokens
             self.num_cached_tokens = chunk.num_cached_tokens

@@ -2,14 +2,16 @@
 
 The frontend tokenizes (the scheduler hashes token blocks), so engines only
 ever see token ids. Completions: the text is encoded with the tokenizer's
-special tokens (BOS where the model uses one). Chat: the model's chat
-template is rendered with the generation prompt, then encoded without adding
-special tokens again (the template carries them).
+special tokens (BOS where the model uses one) unless the request says not.
+Chat: the model's chat template is rendered with the generation prompt (or
+the last message left open), then encoded without adding special tokens
+again (the template carries them) unless the request says to.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 
@@ -29,20 +31,47 @@ def load_tokenizer(source: str) -> Tokenizer:
     return AutoTokenizer.from_pretrained(source)
 
 
+@dataclass(frozen=True)
+class ChatTemplateOptions:
+    """How a chat becomes a prompt (vLLM's request fields of the same names)."""
+
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False  # the last (assistant) message is left open for the model to go on
+    add_special_tokens: bool = False  # on top of those the template writes
+    variables: tuple[tuple[str, Any], ...] = ()  # chat_template_kwargs, e.g. enable_thinking
+
+
 class PromptRenderer:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer)
 
-    def completion_prompt(self, prompt: str | Sequence[int]) -> tuple[int, ...]:
+    def completion_prompt(self, prompt: str | Sequence[int], add_special_tokens: bool = True) -> tuple[int, ...]:
         if isinstance(prompt, str):
-            return tuple(self.tokenizer.encode(prompt, add_special_tokens=True))
+            return tuple(self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
         return tuple(prompt)
 
-    def chat_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> tuple[int, ...]:
-        """`tools` go to the template as vLLM passes them (templates without tool support ignore them)."""
-        text = self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=True)
-        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+    def chat_prompt(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        options: ChatTemplateOptions | None = None,
+    ) -> tuple[int, ...]:
+        """`tools` go to the template as vLLM passes them (templates without tool support ignore them).
+        Raises ValueError when the template refuses the conversation."""
+        o = options or ChatTemplateOptions()
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools,
+                tokenize=False,
+                add_generation_prompt=o.add_generation_prompt,
+                continue_final_message=o.continue_final_message,
+                **dict(o.variables),
+            )
+        except Exception as e:  # the template's own raise_exception, or a variable it cannot use
+            raise ValueError(f"the chat template failed: {e}") from e
+        return tuple(self.tokenizer.encode(text, add_special_tokens=o.add_special_tokens))
 
     def text(self, token_ids: Sequence[int]) -> str:
         """A prompt's text as echoed back (special tokens kept, as vLLM's echo does)."""

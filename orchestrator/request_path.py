@@ -134,10 +134,16 @@ class RequestPath:
         decode_replicas = self._trusted_decode_replicas()
         followed = [v for v in decode_replicas if v.replica_id == follow]
         start = self.clock()
+        # Routed as if aggregated (the scheduler accounts a local prefill), then named for why.
+        local_reason = None
         if followed:
-            route = self.scheduler.route_request(request, None, followed)
+            decode_replicas, local_reason = followed, RouteReason.SIBLING_SAMPLE
+        elif request.prefills_where_it_decodes:
+            local_reason = RouteReason.PROMPT_LOGPROBS
+        if local_reason is not None:
+            route = self.scheduler.route_request(request, None, decode_replicas)
             if prefill_replicas is not None:
-                route = replace(route, kind=RouteKind.LOCAL_PREFILL, reason=RouteReason.SIBLING_SAMPLE)
+                route = replace(route, kind=RouteKind.LOCAL_PREFILL, reason=local_reason)
         else:
             route = self.scheduler.route_request(request, prefill_replicas, decode_replicas)
         decided = self.clock() - start

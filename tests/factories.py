@@ -43,8 +43,13 @@ class WordTokenizer:
         return [10 + sum(map(ord, w)) % 900 for w in text.split()]
 
     def apply_chat_template(self, conversation: list[dict[str, Any]], **kwargs: Any) -> str:
+        """Turns, then the template's own variables (`raise_exception` fails as a template can), then the prompt."""
+        if kwargs.get("raise_exception"):
+            raise RuntimeError(kwargs["raise_exception"])
         turns = " ".join(f"<{m['role']}> {m['content']}" for m in conversation)
-        return turns + (" <assistant>" if kwargs.get("add_generation_prompt") else "")
+        own = {"tools", "tokenize", "add_generation_prompt", "continue_final_message"}
+        variables = "".join(f" {k}={v}" for k, v in sorted(kwargs.items()) if k not in own)
+        return turns + variables + (" <assistant>" if kwargs.get("add_generation_prompt") else "")
 
     def decode(self, token_ids, skip_special_tokens: bool = False) -> str:
         return "".join(map(token_text, token_ids))
@@ -66,6 +71,20 @@ def fake_logprobs(token: int, request: EngineRequest) -> PositionLogprobs:
     others = [TokenLogprob(7 + k, -1.0 - k, f"t{k}") for k in range(max(0, (request.sampling.logprobs or 0) - 1))]
     top = [sampled, *others] if request.sampling.logprobs else []
     return PositionLogprobs(sampled, tuple(dict.fromkeys([sampled, *top])))
+
+
+def fake_prompt_logprobs(request: EngineRequest) -> tuple[PositionLogprobs | None, ...] | None:
+    """An engine's prompt logprobs: None for the first token, then each prompt
+    token at -1.5 and rank 3, followed by the top `prompt_logprobs` (-0.1, -0.2, ...)."""
+    top = request.sampling.prompt_logprobs
+    if top is None:
+        return None
+    positions: list[PositionLogprobs | None] = [None]
+    for t in request.prompt_token_ids[1:]:
+        actual = TokenLogprob(t, -1.5, token_text(t), rank=3)
+        ranked = tuple(TokenLogprob(7 + k, -0.1 * (k + 1), f"t{k}", rank=k + 1) for k in range(top))
+        positions.append(PositionLogprobs(actual, (actual, *ranked)))
+    return tuple(positions)
 
 
 @dataclass
@@ -136,6 +155,7 @@ class FakePool:
                     num_prompt_tokens=len(request.prompt_token_ids) if i == 0 else 0,
                     num_cached_tokens=cached if i == 0 else 0,
                     logprobs=None if request.sampling.logprobs is None else (fake_logprobs(token, request),),
+                    prompt_logprobs=fake_prompt_logprobs(request) if i == 0 else None,
                 )
         finally:
             self.closed.append(request.request_id)

@@ -4,11 +4,15 @@ As vLLM's server writes them (`_create_chat_logprobs`,
 `_create_completion_logprobs`): a logprob of -inf is written -9999.0; chat's
 `top_logprobs` are the first `top` of the engine's list (which starts with
 the sampled token); completions' `top_logprobs` the first `top + 1`.
+Prompt log-probabilities (`prompt_logprobs`) are vLLM's per-position dicts
+as its server dumps them: None for the first token, else token id ->
+{logprob, rank, decoded_token}.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.messages import PositionLogprobs, TokenLogprob
@@ -40,6 +44,22 @@ def chat_logprobs(positions: Sequence[PositionLogprobs], top: int) -> dict[str, 
     }
 
 
+@dataclass(frozen=True)
+class Unscored:
+    """A position with no log-probabilities (a prompt's first token, echoed)."""
+
+    token: str
+
+
+def prompt_logprobs_body(positions: Sequence[PositionLogprobs | None]) -> list[dict[str, Any] | None]:
+    return [
+        None
+        if p is None
+        else {str(c.token_id): {"logprob": _value(c), "rank": c.rank, "decoded_token": c.token} for c in p.candidates}
+        for p in positions
+    ]
+
+
 class CompletionLogprobs:
     """One choice's completion logprobs; `text_offset` runs on across streamed chunks."""
 
@@ -47,12 +67,20 @@ class CompletionLogprobs:
         self.top = top
         self.offset = initial_offset
 
-    def body(self, positions: Sequence[PositionLogprobs]) -> dict[str, Any]:
-        offsets, tokens, values, tops = [], [], [], []
+    def body(self, positions: Sequence[PositionLogprobs | Unscored]) -> dict[str, Any]:
+        offsets: list[int] = []
+        tokens: list[str] = []
+        values: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
         for p in positions:
+            token = p.token if isinstance(p, Unscored) else p.sampled.token
             offsets.append(self.offset)
-            self.offset += len(p.sampled.token)
-            tokens.append(p.sampled.token)
-            values.append(_value(p.sampled))
-            tops.append({c.token: _value(c) for c in p.candidates[: self.top + 1]})
+            self.offset += len(token)
+            tokens.append(token)
+            if isinstance(p, Unscored):
+                values.append(None)
+                tops.append(None)
+            else:
+                values.append(_value(p.sampled))
+                tops.append({c.token: _value(c) for c in p.candidates[: self.top + 1]})
         return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": tops}

@@ -81,6 +81,15 @@ class _SamplingFields(_Body):
     return_token_ids: bool = False
     # Token id (as a string, as OpenAI sends it) -> bias; vLLM clamps to [-100, 100].
     logit_bias: dict[str, float] | None = None
+    # vLLM's extensions: output text, token restrictions, prompt truncation (keeps the last k tokens).
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    allowed_token_ids: list[int] | None = Field(default=None, min_length=1)
+    bad_words: list[str] | None = None
+    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    # vLLM's extension: the top log-probabilities at each prompt position (not streamed).
+    prompt_logprobs: int | None = Field(default=None, ge=-1)
     # vLLM V1 has no best_of: accepted when it asks for no more than `n`.
     best_of: int | None = Field(default=None, ge=1)
     response_format: ResponseFormat | None = None
@@ -120,6 +129,7 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     logprobs: int | None = Field(default=None, ge=0)
     suffix: str | None = None
+    add_special_tokens: bool = True  # the tokenizer's BOS and the like, around a text prompt
 
     @field_validator("prompt")
     @classmethod
@@ -139,9 +149,15 @@ class CompletionRequest(_SamplingFields):
         found = super().unsupported_fields()
         if self.suffix:
             found.append("suffix")
-        if self.echo and self.logprobs is not None:
-            found.append("echo")  # echo with logprobs needs the prompt's log-probabilities
         return found
+
+    @property
+    def engine_prompt_logprobs(self) -> int | None:
+        """Top per prompt position the engine computes: those asked for, or, to
+        echo the prompt with logprobs, `logprobs` (vLLM's rule)."""
+        if self.prompt_logprobs is None and self.echo:
+            return self.logprobs
+        return self.prompt_logprobs
 
 
 class TextPart(_Body):
@@ -206,6 +222,12 @@ class NamedToolChoice(_Body):
     function: NamedFunction
 
 
+# The template call's own arguments, which a request's template variables may not override.
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {"chat_template", "tokenize", "conversation", "tools", "add_generation_prompt", "continue_final_message"}
+)
+
+
 class ChatCompletionRequest(_SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, ge=1)
@@ -215,6 +237,26 @@ class ChatCompletionRequest(_SamplingFields):
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # vLLM's chat-template extensions.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    add_special_tokens: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _template_variables(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        reserved = sorted(set(v or {}) & RESERVED_TEMPLATE_KWARGS)
+        if reserved:
+            raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
+        return v
+
+    @field_validator("continue_final_message")
+    @classmethod
+    def _continue_or_prompt(cls, v: bool, info: ValidationInfo) -> bool:
+        if v and info.data.get("add_generation_prompt"):
+            raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        return v
 
     @field_validator("top_logprobs")
     @classmethod

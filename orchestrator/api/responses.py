@@ -37,8 +37,11 @@ def completion_choice(
     logprobs: dict[str, Any] | None = None,
     token_ids: list[int] | None = None,
     prompt_token_ids: list[int] | None = None,
+    prompt_logprobs: list[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+    if prompt_logprobs is not None:
+        choice["prompt_logprobs"] = prompt_logprobs
     if prompt_token_ids is not None:
         choice["prompt_token_ids"] = prompt_token_ids
     if token_ids is not None:
@@ -65,10 +68,14 @@ def whole_response(
     choices: list[dict[str, Any]],
     usage_body: dict[str, Any],
     prompt_token_ids: list[int] | None = None,
+    prompt_logprobs: list[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
-    """`prompt_token_ids`: chat's at the top (vLLM's `return_token_ids`); a completion's are in its choices."""
+    """`prompt_token_ids`, `prompt_logprobs`: chat's at the top (as vLLM's server
+    puts them); a completion's are in its choices."""
     obj = "text_completion" if endpoint is Endpoint.COMPLETIONS else "chat.completion"
     body = {"id": h.id, "object": obj, "created": h.created, "model": h.model, "choices": choices}
+    if prompt_logprobs is not None:
+        body["prompt_logprobs"] = prompt_logprobs
     if prompt_token_ids is not None:
         body["prompt_token_ids"] = prompt_token_ids
     body["usage"] = usage_body

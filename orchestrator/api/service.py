@@ -25,7 +25,7 @@ from pydantic import ValidationError
 from orchestrator.api import sse
 from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.errors import APIError, bad_request, from_validation_error, model_not_found, server_error
-from orchestrator.api.logprobs import CompletionLogprobs, chat_logprobs
+from orchestrator.api.logprobs import CompletionLogprobs, Unscored, chat_logprobs, prompt_logprobs_body
 from orchestrator.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, ToolCall
 from orchestrator.api.reasoning_parsers import ReasoningParser
 from orchestrator.api.responses import (
@@ -49,12 +49,13 @@ from orchestrator.messages import (
     EngineChunk,
     EngineRequest,
     FinishReason,
+    PositionLogprobs,
     SamplingSpec,
     StructuredKind,
     StructuredOutput,
 )
 from orchestrator.metrics import FrontendMetrics
-from orchestrator.prompts import PromptRenderer
+from orchestrator.prompts import ChatTemplateOptions, PromptRenderer
 from orchestrator.request_path import RequestPath, RequestTrace
 from orchestrator.routing.shape import ShapeRouter
 
@@ -87,6 +88,8 @@ class ChoicePlan:
     prompt: int
     lead: bool
     echo: str = ""  # the prompt's text, written before the output (completions' `echo`)
+    # Echo with logprobs: the prompt's first token's text (it has no log-probability).
+    first_token: str = ""
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,7 @@ class OutputOptions:
     reasoning: ReasoningParser | None = None  # splits the model's thinking from its answer (chat)
     # The field a constraint came from, named when the engine rejects the constraint.
     constraint_param: str | None = None
+    prompt_logprobs: bool = False  # the answer carries `prompt_logprobs`
 
 
 @dataclass(frozen=True)
@@ -118,6 +122,7 @@ def _sampling(
     logprobs: int | None,
     logit_bias: tuple[tuple[int, float], ...],
     structured: StructuredOutput | None,
+    prompt_logprobs: int | None = None,
 ) -> SamplingSpec:
     return SamplingSpec(
         max_tokens=max_tokens,
@@ -134,8 +139,14 @@ def _sampling(
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logprobs=logprobs,
+        prompt_logprobs=prompt_logprobs,
         logit_bias=logit_bias,
         structured=structured,
+        skip_special_tokens=req.skip_special_tokens,
+        spaces_between_special_tokens=req.spaces_between_special_tokens,
+        include_stop_str_in_output=req.include_stop_str_in_output,
+        allowed_token_ids=tuple(req.allowed_token_ids) if req.allowed_token_ids is not None else None,
+        bad_words=tuple(req.bad_words or ()),
     )
 
 
@@ -330,24 +341,42 @@ class CompletionService:
                 structured, constraint_param = tools.constraint, "tools"
             keep_special = tools is not None and tools.parser is not None and tools.parser.keeps_special_tokens
             messages = [_template_message(m) for m in req.messages]
-            prompt = await asyncio.to_thread(self.renderer.chat_prompt, messages, template_tools(req.tools))
+            options = ChatTemplateOptions(
+                req.add_generation_prompt,
+                req.continue_final_message,
+                req.add_special_tokens,
+                tuple((req.chat_template_kwargs or {}).items()),
+            )
+            try:
+                prompt = await asyncio.to_thread(
+                    self.renderer.chat_prompt, messages, template_tools(req.tools), options
+                )
+            except ValueError as e:
+                raise bad_request(str(e), param="messages") from None
             prompts = [prompt]
             requested, prompt_param = req.requested_max_tokens, "messages"
             top = (req.top_logprobs or 0) if req.logprobs else None
 
         rid = self.new_id()
         echo = isinstance(req, CompletionRequest) and req.echo
+        prompt_top = req.engine_prompt_logprobs if isinstance(req, CompletionRequest) else req.prompt_logprobs
+        if req.stream and not (echo and top is not None):
+            prompt_top = None  # a stream carries them only as the echoed prompt's logprobs
+        self._check_token_ids(req.allowed_token_ids or [], "allowed_token_ids")
+        prompts = [self._truncated(ids, req.truncate_prompt_tokens) for ids in prompts]
         plans = []
         for i, prompt_ids in enumerate(prompts):
             max_tokens = self._check_lengths(len(prompt_ids), requested, prompt_param)
             echo_text = await asyncio.to_thread(self.renderer.text, prompt_ids) if echo else ""
+            first_token = self.renderer.text(prompt_ids[:1]) if echo and top is not None else ""
             for j in range(req.n):
                 index = i * req.n + j
-                sampling = _sampling(req, max_tokens, j, top, logit_bias, structured)
+                sampling = _sampling(req, max_tokens, j, top, logit_bias, structured, prompt_top)
                 if keep_special:
                     sampling = replace(sampling, skip_special_tokens=False)
                 request_id = rid if len(prompts) * req.n == 1 else f"{rid}-{index}"
-                plans.append(ChoicePlan(index, EngineRequest(request_id, prompt_ids, sampling), i, j == 0, echo_text))
+                request = EngineRequest(request_id, prompt_ids, sampling)
+                plans.append(ChoicePlan(index, request, i, j == 0, echo_text, first_token))
         prefix = "cmpl" if endpoint is Endpoint.COMPLETIONS else "chatcmpl"
         self.metrics.hop_seconds.labels("prepare").observe(self.clock() - arrival)
         return PreparedRequest(
@@ -365,6 +394,7 @@ class CompletionService:
                 # A constrained output has no free thinking to split off.
                 self.reasoning_parser if endpoint is Endpoint.CHAT and structured is None else None,
                 constraint_param,
+                prompt_logprobs=req.prompt_logprobs is not None or (echo and top is not None),
             ),
         )
 
@@ -375,10 +405,10 @@ class CompletionService:
         out = []
         for prompt in prompts:
             if isinstance(prompt, list):
-                self._check_token_ids(prompt)
+                self._check_token_ids(prompt, "prompt")
                 out.append(self.renderer.completion_prompt(prompt))  # no tokenizer: no thread hop
             else:
-                out.append(await asyncio.to_thread(self.renderer.completion_prompt, prompt))
+                out.append(await asyncio.to_thread(self.renderer.completion_prompt, prompt, req.add_special_tokens))
         return out
 
     def _check_choices(self, req: CompletionRequest | ChatCompletionRequest) -> None:
@@ -389,6 +419,12 @@ class CompletionService:
         if top is not None and top > lim.max_logprobs:
             param = "logprobs" if isinstance(req, CompletionRequest) else "top_logprobs"
             raise bad_request(f"{param} may be at most {lim.max_logprobs}", param=param)
+        prompt_top = req.prompt_logprobs
+        if prompt_top is not None:
+            if req.stream and prompt_top != 0:  # vLLM's rule: they are sent whole, never streamed
+                raise bad_request("prompt_logprobs are not available when stream=true", param="prompt_logprobs")
+            if prompt_top == -1 or prompt_top > lim.max_logprobs:
+                raise bad_request(f"prompt_logprobs may be at most {lim.max_logprobs}", param="prompt_logprobs")
 
     def _logit_bias(self, bias: dict[str, float] | None) -> tuple[tuple[int, float], ...]:
         """Token id -> bias, clamped to [-100, 100] as vLLM does; ids outside the vocabulary are a 400."""
@@ -408,11 +444,18 @@ class CompletionService:
         if any(len(s) > lim.max_stop_string_chars for s in stops):
             raise bad_request(f"stop strings may have at most {lim.max_stop_string_chars} characters", param="stop")
 
-    def _check_token_ids(self, token_ids: list[int]) -> None:
+    def _check_token_ids(self, token_ids: list[int], param: str) -> None:
         vocab = self.renderer.vocab_size
         bad = next((t for t in token_ids if not 0 <= t < vocab), None)
         if bad is not None:
-            raise bad_request(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param="prompt")
+            raise bad_request(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param=param)
+
+    def _truncated(self, prompt_ids: tuple[int, ...], keep: int | None) -> tuple[int, ...]:
+        """vLLM's `truncate_prompt_tokens`: the prompt's last `keep` tokens (-1: the model's length)."""
+        if keep is None:
+            return prompt_ids
+        keep = self.model.max_model_len if keep == -1 else keep
+        return prompt_ids[len(prompt_ids) - keep :] if keep < len(prompt_ids) else prompt_ids
 
     def _check_lengths(self, prompt_len: int, requested: int | None, prompt_param: str) -> int:
         limit = self.model.max_model_len
@@ -567,10 +610,12 @@ class CompletionService:
             self.metrics.requests.labels(p.endpoint.value, "server_error").inc()
             raise server_error(f"generation failed: {_cause(e)}") from None
         usage_body = self._finish(p, states)
-        chat_prompt_ids = None
-        if p.options.return_token_ids and p.endpoint is Endpoint.CHAT:
-            chat_prompt_ids = list(p.prompts[0])
-        return whole_response(p.endpoint, p.header, [s.whole_choice() for s in states], usage_body, chat_prompt_ids)
+        chat_prompt_ids, chat_prompt_logprobs = None, None
+        if p.endpoint is Endpoint.CHAT:
+            chat_prompt_ids = list(p.prompts[0]) if p.options.return_token_ids else None
+            chat_prompt_logprobs = states[0].prompt_logprobs()
+        choices = [s.whole_choice() for s in states]
+        return whole_response(p.endpoint, p.header, choices, usage_body, chat_prompt_ids, chat_prompt_logprobs)
 
     async def _sse(self, p: PreparedRequest, slot: _Slot) -> AsyncIterator[str]:
         states = [_ChoiceState(plan, p) for plan in p.choices]
@@ -645,17 +690,33 @@ class _ChoiceState:
     def _token_ids(self, token_ids: Any) -> list[int] | None:
         return list(token_ids) if self.options.return_token_ids else None
 
+    def prompt_logprobs(self) -> list[dict[str, Any] | None] | None:
+        """The `prompt_logprobs` field, when asked for."""
+        if not self.options.prompt_logprobs:
+            return None
+        return prompt_logprobs_body(self.totals.prompt_logprobs or ())
+
+    def _echoed_positions(self, prompt: Any) -> list[PositionLogprobs | Unscored]:
+        """Echo with logprobs: the prompt's positions, its first token unscored."""
+        first = Unscored(self.plan.first_token)
+        return [first if p is None else p for p in prompt or ()]
+
     # -- whole ------------------------------------------------------------------
 
     def whole_choice(self) -> dict[str, Any]:
         t = self.totals
         finish = self._finish_reason(t.finish_reason)
-        logprobs = self._logprobs(t.logprobs)
         if self.endpoint is Endpoint.COMPLETIONS:
+            positions = list(t.logprobs)
+            if self.plan.echo and self.completion_logprobs is not None:
+                positions = self._echoed_positions(t.prompt_logprobs) + positions
+            logprobs = self._logprobs(positions)
             text = self.plan.echo + t.text
+            ids = self._token_ids(t.token_ids)
             return completion_choice(
-                self.plan.index, text, finish, logprobs, self._token_ids(t.token_ids), self.prompt_ids
+                self.plan.index, text, finish, logprobs, ids, self.prompt_ids, self.prompt_logprobs()
             )
+        logprobs = self._logprobs(t.logprobs)
         tools = self.options.tools
         reasoning, answer = self._split()
         content, calls = tools.message(answer) if tools is not None else (answer, None)
@@ -675,7 +736,10 @@ class _ChoiceState:
         """This chunk's choice delta, or None when it carries nothing to send."""
         self.totals.add(c)
         ids = self.options.return_token_ids
-        logprobs = self._logprobs(c.logprobs) if c.logprobs else None
+        positions: list[PositionLogprobs | Unscored] = list(c.logprobs or ())
+        if not self.started and self.plan.echo and self.completion_logprobs is not None:
+            positions = self._echoed_positions(c.prompt_logprobs) + positions
+        logprobs = self._logprobs(positions) if positions else None
         if not (c.text or c.finished or logprobs or (ids and c.token_ids)):
             return None
         first = not self.started

@@ -320,6 +320,10 @@ def sampling_params(spec: SamplingSpec) -> dict[str, Any]:
         params["sampling_seed"] = spec.seed
     if not spec.skip_special_tokens:
         params["skip_special_tokens"] = False
+    if not spec.spaces_between_special_tokens:
+        params["spaces_between_special_tokens"] = False
+    if spec.include_stop_str_in_output:
+        params["no_stop_trim"] = True  # SGLang's name for it
     if spec.logit_bias:
         params["logit_bias"] = {str(t): b for t, b in spec.logit_bias}
     if spec.structured is not None:
@@ -657,8 +661,10 @@ class SglangEngine:
         retried request id never meets the previous attempt's state."""
         if self._engine is None:
             raise EngineError("engine not started")
-        if request.sampling.logprobs is not None:
+        if request.sampling.logprobs is not None or request.sampling.prompt_logprobs is not None:
             raise EngineRequestRejected("logprobs are not wired to SGLang's output format in this adapter yet")
+        if request.sampling.allowed_token_ids is not None or request.sampling.bad_words:
+            raise EngineRequestRejected("allowed_token_ids and bad_words are vLLM's; SGLang has no equivalent")
         rid = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
         done = False
         self._stats.started()

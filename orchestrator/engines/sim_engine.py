@@ -86,10 +86,14 @@ def _needs_logits(request: EngineRequest) -> str | None:
     s = request.sampling
     if s.logprobs is not None:
         return "logprobs"
+    if s.prompt_logprobs is not None:
+        return "prompt_logprobs"
     if s.structured is not None:
         return "a structured output"
     if s.logit_bias:
         return "logit_bias"
+    if s.allowed_token_ids is not None or s.bad_words:
+        return "allowed_token_ids / bad_words"
     return None
 
 

