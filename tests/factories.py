@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from orchestrator.api import sse
 from orchestrator.api.app import AppHooks, build_openai_app
 from orchestrator.api.service import CompletionService
 from orchestrator.config import PRIMARY_GROUP, AppConfig, LimitsConfig
@@ -238,3 +239,25 @@ def make_frontend(
 
 def run(coro):
     return asyncio.run(coro)
+
+
+def post(fe: Frontend, path: str, body: Any):
+    """One request to the frontend's OpenAI app, answered whole."""
+
+    async def go():
+        async with fe.client() as c:
+            return await c.post(path, json=body)
+
+    return run(go())
+
+
+def chat(fe: Frontend, content: str, **body: Any):
+    """A one-message chat completion."""
+    return post(
+        fe, "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": content}], **body}
+    )
+
+
+def json_events(response) -> list[dict]:
+    """A streamed answer's JSON events (without the closing [DONE])."""
+    return [e for e in sse.parse_events(response.text) if isinstance(e, dict)]

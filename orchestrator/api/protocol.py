@@ -151,14 +151,6 @@ class CompletionRequest(_SamplingFields):
             found.append("suffix")
         return found
 
-    @property
-    def engine_prompt_logprobs(self) -> int | None:
-        """Top per prompt position the engine computes: those asked for, or, to
-        echo the prompt with logprobs, `logprobs` (vLLM's rule)."""
-        if self.prompt_logprobs is None and self.echo:
-            return self.logprobs
-        return self.prompt_logprobs
-
 
 class TextPart(_Body):
     type: Literal["text"]

@@ -30,6 +30,12 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
+def _choice(index: int, part: dict[str, Any], finish_reason: str | None, logprobs: Any, **optional: Any) -> dict:
+    """A choice: its index, its part (text, message or delta), logprobs, finish, then the optional fields set."""
+    choice = {"index": index, **part, "logprobs": logprobs, "finish_reason": finish_reason}
+    return choice | {k: v for k, v in optional.items() if v is not None}
+
+
 def completion_choice(
     index: int,
     text: str,
@@ -39,14 +45,15 @@ def completion_choice(
     prompt_token_ids: list[int] | None = None,
     prompt_logprobs: list[dict[str, Any] | None] | None = None,
 ) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-    if prompt_logprobs is not None:
-        choice["prompt_logprobs"] = prompt_logprobs
-    if prompt_token_ids is not None:
-        choice["prompt_token_ids"] = prompt_token_ids
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
-    return choice
+    return _choice(
+        index,
+        {"text": text},
+        finish_reason,
+        logprobs,
+        prompt_logprobs=prompt_logprobs,
+        prompt_token_ids=prompt_token_ids,
+        token_ids=token_ids,
+    )
 
 
 def chat_choice(
@@ -56,10 +63,7 @@ def chat_choice(
     logprobs: dict[str, Any] | None = None,
     token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
-    choice = {"index": index, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
-    return choice
+    return _choice(index, {"message": message}, finish_reason, logprobs, token_ids=token_ids)
 
 
 def whole_response(
@@ -106,10 +110,7 @@ def chat_delta(
     logprobs: dict[str, Any] | None = None,
     token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
-    choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-    if token_ids is not None:
-        choice["token_ids"] = token_ids
-    return choice
+    return _choice(index, {"delta": delta}, finish_reason, logprobs, token_ids=token_ids)
 
 
 def usage_chunk(endpoint: Endpoint, h: ResponseHeader, usage_body: dict[str, Any]) -> dict[str, Any]:

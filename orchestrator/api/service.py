@@ -117,20 +117,20 @@ class PreparedRequest:
 
 def _sampling(
     req: CompletionRequest | ChatCompletionRequest,
-    max_tokens: int,
-    sample: int,
     logprobs: int | None,
+    prompt_logprobs: int | None,
     logit_bias: tuple[tuple[int, float], ...],
     structured: StructuredOutput | None,
-    prompt_logprobs: int | None = None,
+    keep_special_tokens: bool,
 ) -> SamplingSpec:
+    """The request's sampling, once; each choice sets its own `max_tokens` and seed (`_for_choice`)."""
     return SamplingSpec(
-        max_tokens=max_tokens,
+        max_tokens=1,
         temperature=1.0 if req.temperature is None else req.temperature,
         top_p=1.0 if req.top_p is None else req.top_p,
         top_k=None if req.top_k in (None, -1, 0) else req.top_k,
         min_p=req.min_p or 0.0,
-        seed=None if req.seed is None else req.seed + sample,
+        seed=req.seed,
         stop=tuple(req.stop or ()),
         stop_token_ids=tuple(req.stop_token_ids or ()),
         ignore_eos=req.ignore_eos,
@@ -142,12 +142,17 @@ def _sampling(
         prompt_logprobs=prompt_logprobs,
         logit_bias=logit_bias,
         structured=structured,
-        skip_special_tokens=req.skip_special_tokens,
+        skip_special_tokens=req.skip_special_tokens and not keep_special_tokens,
         spaces_between_special_tokens=req.spaces_between_special_tokens,
         include_stop_str_in_output=req.include_stop_str_in_output,
         allowed_token_ids=tuple(req.allowed_token_ids) if req.allowed_token_ids is not None else None,
         bad_words=tuple(req.bad_words or ()),
     )
+
+
+def _for_choice(base: SamplingSpec, max_tokens: int, sample: int) -> SamplingSpec:
+    """Sample j of a prompt: its seed is the request's + j (vLLM's rule for `n`)."""
+    return replace(base, max_tokens=max_tokens, seed=None if base.seed is None else base.seed + sample)
 
 
 def _constraint(req: CompletionRequest | ChatCompletionRequest) -> tuple[StructuredOutput | None, str | None]:
@@ -359,23 +364,24 @@ class CompletionService:
 
         rid = self.new_id()
         echo = isinstance(req, CompletionRequest) and req.echo
-        prompt_top = req.engine_prompt_logprobs if isinstance(req, CompletionRequest) else req.prompt_logprobs
-        if req.stream and not (echo and top is not None):
-            prompt_top = None  # a stream carries them only as the echoed prompt's logprobs
+        scored_echo = echo and top is not None  # the echoed prompt is scored too
+        # vLLM's rule: an echo with logprobs scores the prompt with `logprobs`; a
+        # stream carries prompt logprobs only as the echo's, so asks for none else.
+        prompt_top = top if req.prompt_logprobs is None and scored_echo else req.prompt_logprobs
+        if req.stream and not scored_echo:
+            prompt_top = None
         self._check_token_ids(req.allowed_token_ids or [], "allowed_token_ids")
+        base = _sampling(req, top, prompt_top, logit_bias, structured, keep_special)
         prompts = [self._truncated(ids, req.truncate_prompt_tokens) for ids in prompts]
         plans = []
         for i, prompt_ids in enumerate(prompts):
             max_tokens = self._check_lengths(len(prompt_ids), requested, prompt_param)
             echo_text = await asyncio.to_thread(self.renderer.text, prompt_ids) if echo else ""
-            first_token = self.renderer.text(prompt_ids[:1]) if echo and top is not None else ""
+            first_token = self.renderer.text(prompt_ids[:1]) if scored_echo else ""
             for j in range(req.n):
                 index = i * req.n + j
-                sampling = _sampling(req, max_tokens, j, top, logit_bias, structured, prompt_top)
-                if keep_special:
-                    sampling = replace(sampling, skip_special_tokens=False)
                 request_id = rid if len(prompts) * req.n == 1 else f"{rid}-{index}"
-                request = EngineRequest(request_id, prompt_ids, sampling)
+                request = EngineRequest(request_id, prompt_ids, _for_choice(base, max_tokens, j))
                 plans.append(ChoicePlan(index, request, i, j == 0, echo_text, first_token))
         prefix = "cmpl" if endpoint is Endpoint.COMPLETIONS else "chatcmpl"
         self.metrics.hop_seconds.labels("prepare").observe(self.clock() - arrival)
@@ -394,7 +400,7 @@ class CompletionService:
                 # A constrained output has no free thinking to split off.
                 self.reasoning_parser if endpoint is Endpoint.CHAT and structured is None else None,
                 constraint_param,
-                prompt_logprobs=req.prompt_logprobs is not None or (echo and top is not None),
+                prompt_logprobs=req.prompt_logprobs is not None or scored_echo,
             ),
         )
 

@@ -6,29 +6,17 @@ from __future__ import annotations
 
 import json
 
-from orchestrator.api import sse
 from orchestrator.engines.base import EngineRequestRejected
 from orchestrator.messages import StructuredKind, StructuredOutput
-from tests.factories import MODEL, OUT, FakePool, make_frontend, run, token_text
-
-USER = [{"role": "user", "content": "hi"}]
-
-
-async def _post(fe, path: str, body):
-    async with fe.client() as c:
-        return await c.post(path, json=body)
+from tests.factories import MODEL, OUT, FakePool, chat, json_events, make_frontend, post, token_text
 
 
 def _completion(fe, **body):
-    return run(_post(fe, "/v1/completions", {"model": MODEL, **body}))
+    return post(fe, "/v1/completions", {"model": MODEL, **body})
 
 
 def _chat(fe, **body):
-    return run(_post(fe, "/v1/chat/completions", {"model": MODEL, "messages": USER, **body}))
-
-
-def _events(r) -> list[dict]:
-    return [e for e in sse.parse_events(r.text) if isinstance(e, dict)]
+    return chat(fe, "hi", **body)
 
 
 def test_n_samples_share_one_remote_prefill_and_follow_its_decode_replica():
@@ -56,7 +44,7 @@ def test_batched_prompts_get_one_choice_each_per_sample_in_order():
 
 def test_streamed_samples_carry_their_index_and_each_finishes():
     fe = make_frontend()
-    events = _events(_chat(fe, max_tokens=2, n=2, stream=True))
+    events = json_events(_chat(fe, max_tokens=2, n=2, stream=True))
     roles = [e["choices"][0]["index"] for e in events if e["choices"][0]["delta"].get("role")]
     assert roles == [0, 1]
     for index in (0, 1):
@@ -69,7 +57,7 @@ def test_echo_writes_the_prompt_before_the_output_whole_and_streamed():
     fe = make_frontend(disaggregated=False)
     whole = _completion(fe, prompt=[11, 12], max_tokens=1, echo=True).json()
     assert whole["choices"][0]["text"] == token_text(11) + token_text(12) + token_text(OUT)
-    streamed = _events(_completion(fe, prompt=[11, 12], max_tokens=2, echo=True, stream=True))
+    streamed = json_events(_completion(fe, prompt=[11, 12], max_tokens=2, echo=True, stream=True))
     assert [e["choices"][0]["text"] for e in streamed] == [
         token_text(11) + token_text(12) + token_text(OUT),
         token_text(OUT + 1),
@@ -85,7 +73,7 @@ def test_completion_logprobs_in_vllms_form_whole_equals_streamed():
     assert whole["top_logprobs"][0] == {token_text(OUT): -0.5, "t0": -1.0}  # the sampled token, then the top ranks
     streamed = [
         e["choices"][0]["logprobs"]
-        for e in _events(_completion(fe, prompt="a b", max_tokens=2, logprobs=2, stream=True))
+        for e in json_events(_completion(fe, prompt="a b", max_tokens=2, logprobs=2, stream=True))
     ]
     assert [s["text_offset"][0] for s in streamed] == whole["text_offset"]
     assert [s["top_logprobs"][0] for s in streamed] == whole["top_logprobs"]
@@ -99,7 +87,7 @@ def test_chat_logprobs_with_top_logprobs_whole_equals_streamed():
     assert [c["token"] for c in whole] == [token_text(OUT), token_text(OUT + 1)]
     assert whole[0]["bytes"] == list(token_text(OUT).encode())
     assert [t["token"] for t in whole[0]["top_logprobs"]] == [token_text(OUT), "t0"]
-    events = _events(_chat(fe, max_tokens=2, logprobs=True, top_logprobs=2, stream=True))
+    events = json_events(_chat(fe, max_tokens=2, logprobs=True, top_logprobs=2, stream=True))
     streamed = [c for e in events if e["choices"][0]["logprobs"] for c in e["choices"][0]["logprobs"]["content"]]
     assert streamed == whole
     plain = _chat(fe, max_tokens=1, logprobs=True).json()["choices"][0]["logprobs"]["content"][0]
@@ -136,7 +124,7 @@ def test_echo_with_logprobs_scores_the_prompt_then_the_output_whole_equals_strea
     assert lp["text_offset"] == [0, 4, 8, 14]
     assert whole["text"] == "".join(lp["tokens"]) and whole["prompt_logprobs"][0] is None
     assert fe.decode.generates[-1].sampling.prompt_logprobs == 1  # logprobs, as vLLM asks for echo
-    events = _events(_completion(fe, prompt=[11, 12], max_tokens=2, echo=True, logprobs=1, stream=True))
+    events = json_events(_completion(fe, prompt=[11, 12], max_tokens=2, echo=True, logprobs=1, stream=True))
     streamed = [e["choices"][0]["logprobs"] for e in events]
     assert [t for s in streamed for t in s["tokens"]] == lp["tokens"]
     assert [o for s in streamed for o in s["text_offset"]] == lp["text_offset"]
@@ -240,10 +228,10 @@ def test_a_schema_the_engine_cannot_compile_is_a_400_naming_the_field_and_the_se
 def test_a_constrained_stream_is_not_resumed_mid_output_elsewhere():
     decode = FakePool("decode_pool", generate_error_after=1)
     fe = make_frontend(decode=decode)
-    events = _events(_chat(fe, max_tokens=3, stream=True, response_format={"type": "json_object"}))
+    events = json_events(_chat(fe, max_tokens=3, stream=True, response_format={"type": "json_object"}))
     assert events[-1]["error"]["type"] == "server_error"
     assert fe.metric("orchestrator_decode_migrations_total") == 0
-    unconstrained = _events(_chat(fe, max_tokens=2, stream=True))  # the same failure, no constraint: resumed
+    unconstrained = json_events(_chat(fe, max_tokens=2, stream=True))  # the same failure, no constraint: resumed
     assert unconstrained[-1]["choices"][0]["finish_reason"] == "length"
     assert fe.metric("orchestrator_decode_migrations_total") == 1
 
@@ -270,7 +258,7 @@ def test_a_named_tool_choice_constrains_to_its_parameters_and_returns_the_call()
     assert call["id"].startswith("chatcmpl-tool-") and body["finish_reason"] == "stop"
     constraint = fe.decode.generates[0].sampling.structured
     assert json.loads(constraint.value) == TOOLS[0]["function"]["parameters"]
-    events = _events(_chat(fe, max_tokens=8, tools=TOOLS, tool_choice=choice, stream=True))
+    events = json_events(_chat(fe, max_tokens=8, tools=TOOLS, tool_choice=choice, stream=True))
     calls = [d["tool_calls"][0] for e in events if (d := e["choices"][0]["delta"]).get("tool_calls")]
     assert calls[0]["function"]["name"] == "get_weather" and calls[0]["id"] == calls[0]["id"]
     assert "".join(c["function"]["arguments"] for c in calls) == '{"city": "Oslo"}'
@@ -286,7 +274,7 @@ def test_required_tool_choice_reads_each_call_from_the_constrained_list():
     schema = json.loads(fe.decode.generates[0].sampling.structured.value)
     assert schema["type"] == "array" and schema["minItems"] == 1
     assert [s["properties"]["name"]["enum"] for s in schema["items"]["anyOf"]] == [["get_weather"], ["get_time"]]
-    events = _events(_chat(fe, max_tokens=8, tools=TOOLS, tool_choice="required", stream=True))
+    events = json_events(_chat(fe, max_tokens=8, tools=TOOLS, tool_choice="required", stream=True))
     (last,) = [e["choices"][0] for e in events if e["choices"][0]["finish_reason"]]
     assert [c["index"] for c in last["delta"]["tool_calls"]] == [0, 1] and last["finish_reason"] == "tool_calls"
 
@@ -294,11 +282,11 @@ def test_required_tool_choice_reads_each_call_from_the_constrained_list():
 def test_tool_messages_and_assistant_tool_calls_render_through_the_template():
     fe = make_frontend()
     messages = [
-        *USER,
+        {"role": "user", "content": "hi"},
         {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "get_time", "arguments": "{}"}}]},
         {"role": "tool", "tool_call_id": "c1", "content": "noon"},
     ]
-    r = run(_post(fe, "/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 1}))
+    r = post(fe, "/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 1})
     assert r.status_code == 200
 
 

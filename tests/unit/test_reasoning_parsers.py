@@ -8,10 +8,9 @@ from transformers import AutoTokenizer
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.reasoning.deepseek_r1_reasoning_parser import DeepSeekR1ReasoningParser
 
-from orchestrator.api import sse
 from orchestrator.api.reasoning_parsers import parser
 from orchestrator.tiny_model import make_tiny_model
-from tests.factories import MODEL, FakePool, make_frontend, run
+from tests.factories import FakePool, chat, json_events, make_frontend
 
 OUTPUTS = [
     "<think>Two and two.</think>Four.",
@@ -48,12 +47,7 @@ SCRIPT = ("<think>", "Two and", " two.</th", "ink>Fo", "ur.")
 
 
 def _chat(fe, **body):
-    async def go():
-        async with fe.client() as c:
-            messages = [{"role": "user", "content": "2+2?"}]
-            return await c.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, **body})
-
-    return run(go())
+    return chat(fe, "2+2?", **body)
 
 
 def test_reasoning_comes_apart_from_the_content_whole_and_streamed():
@@ -61,7 +55,7 @@ def test_reasoning_comes_apart_from_the_content_whole_and_streamed():
     fe = make_frontend(decode=decode, reasoning_parser="deepseek_r1")
     message = _chat(fe, max_tokens=8).json()["choices"][0]["message"]
     assert message == {"role": "assistant", "reasoning": "Two and two.", "content": "Four."}
-    events = [e for e in sse.parse_events(_chat(fe, max_tokens=8, stream=True).text) if isinstance(e, dict)]
+    events = json_events(_chat(fe, max_tokens=8, stream=True))
     deltas = [e["choices"][0]["delta"] for e in events[1:]]
     assert "".join(d.get("reasoning", "") for d in deltas) == "Two and two."
     assert "".join(d.get("content", "") for d in deltas) == "Four."

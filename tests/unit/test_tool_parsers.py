@@ -10,10 +10,9 @@ from transformers import AutoTokenizer
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 
-from orchestrator.api import sse
 from orchestrator.api.tool_parsers import HermesParser, parser
 from orchestrator.tiny_model import make_tiny_model
-from tests.factories import MODEL, FakePool, make_frontend, run
+from tests.factories import FakePool, chat, json_events, make_frontend
 
 # The format of Qwen 2.5 / Hermes 2 Pro chat templates (Qwen's function-calling
 # docs, "Hermes-style tool use"): text, then one tag per call.
@@ -56,12 +55,7 @@ CALL = ("Sure. ", "<tool", '_call>\n{"name": "get_weather", ', '"arguments": {"c
 
 
 def _chat(fe, **body):
-    async def go():
-        async with fe.client() as c:
-            messages = [{"role": "user", "content": "weather?"}]
-            return await c.post("/v1/chat/completions", json={"model": MODEL, "messages": messages, **body})
-
-    return run(go())
+    return chat(fe, "weather?", **body)
 
 
 def test_auto_reads_calls_from_the_text_whole_and_streamed_with_special_tokens_kept():
@@ -72,9 +66,7 @@ def test_auto_reads_calls_from_the_text_whole_and_streamed_with_special_tokens_k
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
     assert fe.decode.generates[0].sampling.skip_special_tokens is False
     assert fe.decode.generates[0].sampling.structured is None  # auto: free text
-    events = [
-        e for e in sse.parse_events(_chat(fe, max_tokens=8, tools=TOOLS, stream=True).text) if isinstance(e, dict)
-    ]
+    events = json_events(_chat(fe, max_tokens=8, tools=TOOLS, stream=True))
     deltas = [e["choices"][0]["delta"] for e in events[1:]]
     assert "".join(d.get("content", "") for d in deltas) == "Sure. "  # the tag never leaks as content
     assert [d["tool_calls"][0]["function"]["name"] for d in deltas if "tool_calls" in d] == ["get_weather"]
@@ -85,7 +77,5 @@ def test_auto_without_a_call_is_plain_content():
     fe = make_frontend(decode=FakePool("decode_pool", script=("no ", "<b>call</b>")), tool_call_parser="hermes")
     choice = _chat(fe, max_tokens=8, tools=TOOLS).json()["choices"][0]
     assert choice["message"] == {"role": "assistant", "content": "no <b>call</b>"} and choice["finish_reason"] == "stop"
-    events = [
-        e for e in sse.parse_events(_chat(fe, max_tokens=8, tools=TOOLS, stream=True).text) if isinstance(e, dict)
-    ]
+    events = json_events(_chat(fe, max_tokens=8, tools=TOOLS, stream=True))
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == "no <b>call</b>"
