@@ -11,7 +11,16 @@ import socket
 import pytest
 
 from orchestrator.engines.base import EngineError, EngineRequestRejected
-from orchestrator.messages import EngineChunk, EngineRequest, FinishReason, KVTransfer, PrefillResult, SamplingSpec
+from orchestrator.messages import (
+    EngineChunk,
+    EngineRequest,
+    FinishReason,
+    KVTransfer,
+    PositionLogprobs,
+    PrefillResult,
+    SamplingSpec,
+    TokenLogprob,
+)
 from orchestrator.wire.client import ReplicaDraining, ReplicaStreams, merge_chunks
 from orchestrator.wire.frames import HEADER, ErrorKind, FrameReader, Op, ProtocolError, encode
 from orchestrator.wire.server import StreamServer
@@ -105,6 +114,22 @@ def test_chunks_merge_without_losing_tokens():
     a = EngineChunk((1,), "a", None, None, 5, 2)
     b = EngineChunk((2, 3), "bc", FinishReason.STOP, "x")
     assert merge_chunks([a, b]) == EngineChunk((1, 2, 3), "abc", FinishReason.STOP, "x", 5, 2)
+
+
+def test_merged_chunks_keep_their_log_probabilities():
+    # Chunks merge when the frontend reads slower than the engine writes: the
+    # prompt's scores ride on the first chunk and must survive the merge.
+    def scored(token_id: int) -> PositionLogprobs:
+        lp = TokenLogprob(token_id, -0.5, f"t{token_id}", 1)
+        return PositionLogprobs(sampled=lp, candidates=(lp,))
+
+    prompt = (None, scored(8), scored(9))
+    a = EngineChunk((1,), "a", None, None, 3, 0, logprobs=(scored(1),), prompt_logprobs=prompt)
+    b = EngineChunk((2, 3), "bc", FinishReason.STOP, "x", logprobs=(scored(2), scored(3)))
+    merged = merge_chunks([a, b])
+    assert merged.logprobs == (scored(1), scored(2), scored(3))
+    assert merged.prompt_logprobs == prompt
+    assert merge_chunks([EngineChunk((1,), "a"), EngineChunk((2,), "b")]).logprobs is None
 
 
 def test_a_stream_arrives_whole_and_in_order():
