@@ -107,7 +107,7 @@ def test_a_repeated_prompt_is_a_prefix_cache_hit(tmp_path):
 
 def test_cancelling_a_stream_aborts_the_request_and_frees_its_blocks(tmp_path):
     async def run():
-        engine = make_engine(tmp_path)
+        engine = make_engine(tmp_path, clock=loop_time)
         await engine.start()
         stream = engine.generate(request("a", prompt(40), max_tokens=1000))
         await stream.__anext__()
@@ -117,7 +117,7 @@ def test_cancelling_a_stream_aborts_the_request_and_frees_its_blocks(tmp_path):
         engine.shutdown()
         return stats
 
-    stats = asyncio.run(run())
+    stats = run_virtual(run())
     assert stats.num_running == 0 and stats.kv_cache_usage == 0.0
 
 
@@ -136,8 +136,8 @@ def test_a_prompt_larger_than_the_cache_is_rejected(tmp_path):
 
 def test_prefill_hands_off_to_decode_which_waits_for_the_modelled_transfer(tmp_path):
     async def run():
-        prefill = make_engine(tmp_path, EngineRole.PREFILL, link="pcie")
-        decode = make_engine(tmp_path, EngineRole.DECODE, link="pcie")
+        prefill = make_engine(tmp_path, EngineRole.PREFILL, link="pcie", clock=loop_time)
+        decode = make_engine(tmp_path, EngineRole.DECODE, link="pcie", clock=loop_time)
         await prefill.start()
         await decode.start()
         req = request("a", prompt(48), max_tokens=3)
@@ -151,7 +151,7 @@ def test_prefill_hands_off_to_decode_which_waits_for_the_modelled_transfer(tmp_p
         decode.shutdown()
         return result, held, freed, chunks, stats
 
-    result, held, freed, chunks, stats = asyncio.run(run())
+    result, held, freed, chunks, stats = run_virtual(run())
     assert result.kv_transfer.num_tokens == 48 and result.kv_transfer.num_blocks == 3
     assert held > 0 and freed == 0.0  # held for the transfer, then released
     assert [c.token_ids[0] for c in chunks] == greedy_output(prompt(48), 3, VOCAB)
