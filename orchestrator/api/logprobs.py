@@ -6,7 +6,9 @@ As vLLM's server writes them (`_create_chat_logprobs`,
 the sampled token); completions' `top_logprobs` the first `top + 1`.
 Prompt log-probabilities (`prompt_logprobs`) are vLLM's per-position dicts
 as its server dumps them: None for the first token, else token id ->
-{logprob, rank, decoded_token}.
+{logprob, rank, decoded_token}. With `return_tokens_as_token_ids` a token is
+named "token_id:<id>" (vLLM's placeholder); as in vLLM's chat, a sampled
+token's `bytes` stay its text's.
 """
 
 from __future__ import annotations
@@ -28,15 +30,24 @@ def _bytes(text: str) -> list[int]:
     return list(text.encode("utf-8", errors="replace"))
 
 
-def chat_logprobs(positions: Sequence[PositionLogprobs], top: int) -> dict[str, Any]:
+def token_name(token_id: int, text: str, as_ids: bool) -> str:
+    return f"token_id:{token_id}" if as_ids else text
+
+
+def _name(t: TokenLogprob, as_ids: bool) -> str:
+    return token_name(t.token_id, t.token, as_ids)
+
+
+def chat_logprobs(positions: Sequence[PositionLogprobs], top: int, as_ids: bool = False) -> dict[str, Any]:
     return {
         "content": [
             {
-                "token": p.sampled.token,
+                "token": _name(p.sampled, as_ids),
                 "logprob": _value(p.sampled),
                 "bytes": _bytes(p.sampled.token),
                 "top_logprobs": [
-                    {"token": c.token, "logprob": _value(c), "bytes": _bytes(c.token)} for c in p.candidates[:top]
+                    {"token": (name := _name(c, as_ids)), "logprob": _value(c), "bytes": _bytes(name)}
+                    for c in p.candidates[:top]
                 ],
             }
             for p in positions
@@ -48,6 +59,7 @@ def chat_logprobs(positions: Sequence[PositionLogprobs], top: int) -> dict[str, 
 class Unscored:
     """A position with no log-probabilities (a prompt's first token, echoed)."""
 
+    token_id: int
     token: str
 
 
@@ -63,8 +75,9 @@ def prompt_logprobs_body(positions: Sequence[PositionLogprobs | None]) -> list[d
 class CompletionLogprobs:
     """One choice's completion logprobs; `text_offset` runs on across streamed chunks."""
 
-    def __init__(self, top: int, initial_offset: int = 0) -> None:
+    def __init__(self, top: int, as_ids: bool = False, initial_offset: int = 0) -> None:
         self.top = top
+        self.as_ids = as_ids
         self.offset = initial_offset
 
     def body(self, positions: Sequence[PositionLogprobs | Unscored]) -> dict[str, Any]:
@@ -73,7 +86,11 @@ class CompletionLogprobs:
         values: list[float | None] = []
         tops: list[dict[str, float] | None] = []
         for p in positions:
-            token = p.token if isinstance(p, Unscored) else p.sampled.token
+            token = (
+                token_name(p.token_id, p.token, self.as_ids)
+                if isinstance(p, Unscored)
+                else _name(p.sampled, self.as_ids)
+            )
             offsets.append(self.offset)
             self.offset += len(token)
             tokens.append(token)
@@ -82,5 +99,5 @@ class CompletionLogprobs:
                 tops.append(None)
             else:
                 values.append(_value(p.sampled))
-                tops.append({c.token: _value(c) for c in p.candidates[: self.top + 1]})
+                tops.append({_name(c, self.as_ids): _value(c) for c in p.candidates[: self.top + 1]})
         return {"text_offset": offsets, "token_logprobs": values, "tokens": tokens, "top_logprobs": tops}

@@ -10,7 +10,7 @@ OpenAI server, extensions included (`structured_outputs`, `return_token_ids`,
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -59,6 +59,13 @@ class StructuredOutputsBody(_Body):
         return self
 
 
+class Unsupported(NamedTuple):
+    """A field set to something this server does not do, and why."""
+
+    param: str
+    message: str
+
+
 class _SamplingFields(_Body):
     model: str
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -94,6 +101,18 @@ class _SamplingFields(_Body):
     best_of: int | None = Field(default=None, ge=1)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsBody | None = None
+    # vLLM's extensions. The answer's id is "cmpl-"/"chatcmpl-" + request_id when given.
+    request_id: str | None = None
+    session_id: str | None = None  # request metadata: vLLM's scheduler reads none of it, nor does this server
+    priority: int = 0  # only 0: no engine here schedules by priority (vLLM's default server refuses others too)
+    # Log-probability tokens written "token_id:<id>" (vLLM's placeholder for text JSON cannot carry).
+    return_tokens_as_token_ids: bool | None = None
+    truncation_side: Literal["left", "right"] | None = None  # which end truncate_prompt_tokens cuts; left by default
+    use_beam_search: bool = False
+    length_penalty: float = 1.0  # beam search's; vLLM reads it only there
+    return_token_offsets: bool | None = None  # vLLM fills it on /render endpoints only; generation ignores it
+    # Tokens an SSE event carries at least (the first and last are sent at once), as vLLM's.
+    stream_interval: int | None = Field(default=None, ge=1)
 
     @field_validator("stop")
     @classmethod
@@ -113,13 +132,19 @@ class _SamplingFields(_Body):
                 raise ValueError(f"logit_bias keys are token ids; got {key[:40]!r}")
         return v
 
-    def unsupported_fields(self) -> list[str]:
+    def unsupported_fields(self) -> list[Unsupported]:
         """Fields set to something this server does not implement."""
         found = []
         if self.best_of is not None and self.best_of > self.n:
-            found.append("best_of")
+            found.append(Unsupported("best_of", "best_of > n is not supported (vLLM V1 has no best_of)"))
         if self.response_format is not None and self.structured_outputs is not None:
-            found.append("structured_outputs")  # two constraints on one output
+            found.append(Unsupported("structured_outputs", "response_format and structured_outputs both constrain"))
+        if self.priority != 0:
+            found.append(
+                Unsupported("priority", f"Got priority {self.priority} but priority scheduling is not enabled.")
+            )
+        if self.use_beam_search:
+            found.append(Unsupported("use_beam_search", "beam search is not supported by this server"))
         return found
 
 
@@ -145,10 +170,10 @@ class CompletionRequest(_SamplingFields):
             return [p]  # type: ignore[list-item]
         return list(p)  # type: ignore[arg-type]
 
-    def unsupported_fields(self) -> list[str]:
+    def unsupported_fields(self) -> list[Unsupported]:
         found = super().unsupported_fields()
         if self.suffix:
-            found.append("suffix")
+            found.append(Unsupported("suffix", "suffix is not supported (nor by vLLM's server)"))
         return found
 
 
@@ -234,6 +259,12 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: bool = False
     add_special_tokens: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    documents: list[dict[str, str]] | None = None  # to the template, for retrieval-augmented templates
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    include_reasoning: bool = True  # False: no reasoning in the answer, nor logprobs or token ids (they'd leak it)
+    # The last message's content written before the answer, when it has the answer's role (vLLM's chat echo).
+    echo: bool = False
+    chat_template: str | None = None  # refused: a template is code, and only the model's runs here
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -279,12 +310,26 @@ class ChatCompletionRequest(_SamplingFields):
             return self.tool_choice
         return "auto" if self.tools else "none"
 
-    def unsupported_fields(self) -> list[str]:
+    @property
+    def response_role(self) -> str:
+        """vLLM's rule: the assistant's, unless the last message is continued, whose role it keeps."""
+        return "assistant" if self.add_generation_prompt else self.messages[-1].role
+
+    def unsupported_fields(self) -> list[Unsupported]:
         found = super().unsupported_fields()
+        if self.chat_template is not None:
+            found.append(
+                Unsupported(
+                    "chat_template",
+                    "a chat template in the request is refused (as by vLLM's server without "
+                    "--trust-request-chat-template); the model's own template is used",
+                )
+            )
         forced = self.tools and (self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice))
         constrained = self.structured_outputs is not None or (
             self.response_format is not None and self.response_format.type != "text"
         )
         if forced and constrained:
-            found.append("tool_choice")  # a forced tool call's arguments are already the constraint
+            # A forced tool call's arguments are already the constraint.
+            found.append(Unsupported("tool_choice", "a forced tool call cannot also take response_format"))
         return found

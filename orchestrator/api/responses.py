@@ -91,12 +91,14 @@ def chunk(endpoint: Endpoint, h: ResponseHeader, choices: list[dict[str, Any]]) 
     return {"id": h.id, "object": obj, "created": h.created, "model": h.model, "choices": choices}
 
 
-def role_chunk(h: ResponseHeader, index: int = 0, prompt_token_ids: list[int] | None = None) -> dict[str, Any]:
-    """A chat choice's first chunk: the assistant role, no content yet (and the prompt's token ids, when asked)."""
+def role_chunk(
+    h: ResponseHeader, index: int = 0, prompt_token_ids: list[int] | None = None, role: str = "assistant"
+) -> dict[str, Any]:
+    """A chat choice's first chunk: the answer's role, no content yet (and the prompt's token ids, when asked)."""
     body = chunk(
         Endpoint.CHAT,
         h,
-        [{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}],
+        [{"index": index, "delta": {"role": role, "content": ""}, "logprobs": None, "finish_reason": None}],
     )
     if prompt_token_ids is not None:
         body["prompt_token_ids"] = prompt_token_ids

@@ -40,6 +40,7 @@ from orchestrator.api.responses import (
     usage_chunk,
     whole_response,
 )
+from orchestrator.api.stream_interval import ChunkInterval
 from orchestrator.api.tool_parsers import ToolCallParser
 from orchestrator.api.tools import ToolMode, template_tools, tool_mode
 from orchestrator.config import LimitsConfig
@@ -87,7 +88,9 @@ class ChoicePlan:
     request: EngineRequest
     prompt: int
     lead: bool
-    echo: str = ""  # the prompt's text, written before the output (completions' `echo`)
+    # Written before the output: the prompt's text (completions' `echo`), or the
+    # last message's content when it has the answer's role (chat's).
+    echo: str = ""
     # Echo with logprobs: the prompt's first token's text (it has no log-probability).
     first_token: str = ""
 
@@ -101,6 +104,12 @@ class OutputOptions:
     # The field a constraint came from, named when the engine rejects the constraint.
     constraint_param: str | None = None
     prompt_logprobs: bool = False  # the answer carries `prompt_logprobs`
+    tokens_as_ids: bool = False  # log-probability tokens named "token_id:<id>"
+    role: str = "assistant"  # chat: the answer's role
+    # Chat with a reasoning parser and `include_reasoning: false`: the reasoning
+    # is dropped, and with it logprobs and token ids, which would carry it.
+    hide_reasoning: bool = False
+    stream_interval: int = 1  # tokens an SSE event waits for, between a choice's first and last
 
 
 @dataclass(frozen=True)
@@ -176,6 +185,19 @@ def _constraint(req: CompletionRequest | ChatCompletionRequest) -> tuple[Structu
     if so.grammar is not None:
         return StructuredOutput(StructuredKind.GRAMMAR, so.grammar), "structured_outputs"
     return StructuredOutput(StructuredKind.JSON_OBJECT), "structured_outputs"
+
+
+def _template_variables(req: ChatCompletionRequest) -> dict[str, Any]:
+    """The template's variables as vLLM merges them: `chat_template_kwargs`,
+    then the request's own fields where set (`documents`, `reasoning_effort`,
+    and `enable_thinking` = effort is not "none", unless the kwargs set it)."""
+    variables = dict(req.chat_template_kwargs or {})
+    if req.documents is not None:
+        variables["documents"] = req.documents
+    if req.reasoning_effort is not None:
+        variables["reasoning_effort"] = req.reasoning_effort
+        variables.setdefault("enable_thinking", req.reasoning_effort != "none")
+    return variables
 
 
 def _template_message(m: ChatMessage) -> dict[str, Any]:
@@ -323,9 +345,7 @@ class CompletionService:
             raise from_validation_error(e) from None
         unsupported = req.unsupported_fields()
         if unsupported:
-            raise bad_request(
-                f"{unsupported[0]} is not supported by this server", param=unsupported[0], code="unsupported"
-            )
+            raise bad_request(unsupported[0].message, param=unsupported[0].param, code="unsupported")
         self._check_stops(req.stop or [])
         self._check_choices(req)
         if req.model != self.model.name:
@@ -333,7 +353,7 @@ class CompletionService:
         logit_bias = self._logit_bias(req.logit_bias)
         structured, constraint_param = _constraint(req)
 
-        tools, keep_special = None, False
+        tools, keep_special, chat_echo = None, False, ""
         if isinstance(req, CompletionRequest):
             prompts = await self._completion_prompts(req)
             requested, prompt_param, top = req.max_tokens, "prompt", req.logprobs
@@ -350,7 +370,7 @@ class CompletionService:
                 req.add_generation_prompt,
                 req.continue_final_message,
                 req.add_special_tokens,
-                tuple((req.chat_template_kwargs or {}).items()),
+                tuple(_template_variables(req).items()),
             )
             try:
                 prompt = await asyncio.to_thread(
@@ -359,6 +379,9 @@ class CompletionService:
             except ValueError as e:
                 raise bad_request(str(e), param="messages") from None
             prompts = [prompt]
+            last = req.messages[-1]
+            if req.echo and last.role == req.response_role:
+                chat_echo = last.text()
             requested, prompt_param = req.requested_max_tokens, "messages"
             top = (req.top_logprobs or 0) if req.logprobs else None
 
@@ -372,11 +395,11 @@ class CompletionService:
             prompt_top = None
         self._check_token_ids(req.allowed_token_ids or [], "allowed_token_ids")
         base = _sampling(req, top, prompt_top, logit_bias, structured, keep_special)
-        prompts = [self._truncated(ids, req.truncate_prompt_tokens) for ids in prompts]
+        prompts = [self._truncated(ids, req.truncate_prompt_tokens, req.truncation_side) for ids in prompts]
         plans = []
         for i, prompt_ids in enumerate(prompts):
             max_tokens = self._check_lengths(len(prompt_ids), requested, prompt_param)
-            echo_text = await asyncio.to_thread(self.renderer.text, prompt_ids) if echo else ""
+            echo_text = await asyncio.to_thread(self.renderer.text, prompt_ids) if echo else chat_echo
             first_token = self.renderer.text(prompt_ids[:1]) if scored_echo else ""
             for j in range(req.n):
                 index = i * req.n + j
@@ -384,10 +407,14 @@ class CompletionService:
                 request = EngineRequest(request_id, prompt_ids, _for_choice(base, max_tokens, j))
                 plans.append(ChoicePlan(index, request, i, j == 0, echo_text, first_token))
         prefix = "cmpl" if endpoint is Endpoint.COMPLETIONS else "chatcmpl"
+        chat = isinstance(req, ChatCompletionRequest)
+        reasoning = self.reasoning_parser if chat and structured is None else None  # a constrained output has none
         self.metrics.hop_seconds.labels("prepare").observe(self.clock() - arrival)
         return PreparedRequest(
             endpoint=endpoint,
-            header=ResponseHeader(id=f"{prefix}-{rid}", created=int(self.wall_clock()), model=self.model.name),
+            header=ResponseHeader(
+                id=f"{prefix}-{req.request_id or rid}", created=int(self.wall_clock()), model=self.model.name
+            ),
             choices=tuple(plans),
             prompts=tuple(prompts),
             stream=req.stream,
@@ -397,10 +424,13 @@ class CompletionService:
                 top,
                 req.return_token_ids,
                 tools,
-                # A constrained output has no free thinking to split off.
-                self.reasoning_parser if endpoint is Endpoint.CHAT and structured is None else None,
+                reasoning,
                 constraint_param,
                 prompt_logprobs=req.prompt_logprobs is not None or scored_echo,
+                tokens_as_ids=bool(req.return_tokens_as_token_ids),
+                role=req.response_role if chat else "assistant",
+                hide_reasoning=chat and reasoning is not None and not req.include_reasoning,
+                stream_interval=req.stream_interval or 1,
             ),
         )
 
@@ -456,12 +486,15 @@ class CompletionService:
         if bad is not None:
             raise bad_request(f"token id {bad} is outside the vocabulary (0..{vocab - 1})", param=param)
 
-    def _truncated(self, prompt_ids: tuple[int, ...], keep: int | None) -> tuple[int, ...]:
-        """vLLM's `truncate_prompt_tokens`: the prompt's last `keep` tokens (-1: the model's length)."""
+    def _truncated(self, prompt_ids: tuple[int, ...], keep: int | None, side: str | None) -> tuple[int, ...]:
+        """vLLM's `truncate_prompt_tokens`: the prompt's last `keep` tokens, or
+        its first with `truncation_side: right` (-1: the model's length)."""
         if keep is None:
             return prompt_ids
         keep = self.model.max_model_len if keep == -1 else keep
-        return prompt_ids[len(prompt_ids) - keep :] if keep < len(prompt_ids) else prompt_ids
+        if keep >= len(prompt_ids):
+            return prompt_ids
+        return prompt_ids[:keep] if side == "right" else prompt_ids[len(prompt_ids) - keep :]
 
     def _check_lengths(self, prompt_len: int, requested: int | None, prompt_param: str) -> int:
         limit = self.model.max_model_len
@@ -636,9 +669,15 @@ class CompletionService:
             if p.endpoint is Endpoint.CHAT:
                 for s in states:
                     prompt_ids = list(p.prompts[0]) if p.options.return_token_ids and s.plan.index == 0 else None
-                    yield sse.event(role_chunk(p.header, s.plan.index, prompt_ids))
+                    yield sse.event(role_chunk(p.header, s.plan.index, prompt_ids, p.options.role))
+                for s in states:  # the echoed last message, as vLLM sends it: one chunk after the roles
+                    if s.plan.echo:
+                        yield sse.event(
+                            chunk(p.endpoint, p.header, [chat_delta(s.plan.index, {"content": s.plan.echo}, None)])
+                        )
             async for index, engine_chunk in self._choice_chunks(p, states):
-                choice = states[index].delta(engine_chunk)
+                ready = states[index].held.take(engine_chunk)
+                choice = states[index].delta(ready) if ready is not None else None
                 if choice is not None:
                     yield sse.event(chunk(p.endpoint, p.header, [choice]))
         except (asyncio.CancelledError, GeneratorExit):
@@ -673,9 +712,12 @@ class _ChoiceState:
         self.sent_reasoning = 0  # characters of the reasoning streamed
         top = p.options.top_logprobs
         self.completion_logprobs = (
-            CompletionLogprobs(top) if top is not None and p.endpoint is Endpoint.COMPLETIONS else None
+            CompletionLogprobs(top, p.options.tokens_as_ids)
+            if top is not None and p.endpoint is Endpoint.COMPLETIONS
+            else None
         )
         self.prompt_ids = list(plan.request.prompt_token_ids) if p.options.return_token_ids else None
+        self.held = ChunkInterval(p.options.stream_interval)
 
     def cached_tokens(self) -> int:
         prefill = self.trace.prefill
@@ -687,14 +729,14 @@ class _ChoiceState:
 
     def _logprobs(self, positions: Any) -> dict[str, Any] | None:
         top = self.options.top_logprobs
-        if top is None:
+        if top is None or self.options.hide_reasoning:
             return None
         if self.completion_logprobs is not None:
             return self.completion_logprobs.body(positions or ())
-        return chat_logprobs(positions or (), top)
+        return chat_logprobs(positions or (), top, self.options.tokens_as_ids)
 
     def _token_ids(self, token_ids: Any) -> list[int] | None:
-        return list(token_ids) if self.options.return_token_ids else None
+        return list(token_ids) if self.options.return_token_ids and not self.options.hide_reasoning else None
 
     def prompt_logprobs(self) -> list[dict[str, Any] | None] | None:
         """The `prompt_logprobs` field, when asked for."""
@@ -704,7 +746,7 @@ class _ChoiceState:
 
     def _echoed_positions(self, prompt: Any) -> list[PositionLogprobs | Unscored]:
         """Echo with logprobs: the prompt's positions, its first token unscored."""
-        first = Unscored(self.plan.first_token)
+        first = Unscored(self.plan.request.prompt_token_ids[0], self.plan.first_token)
         return [first if p is None else p for p in prompt or ()]
 
     # -- whole ------------------------------------------------------------------
@@ -726,9 +768,13 @@ class _ChoiceState:
         tools = self.options.tools
         reasoning, answer = self._split()
         content, calls = tools.message(answer) if tools is not None else (answer, None)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
+        role = self.options.role
+        if self.plan.echo:
+            content = self.plan.echo + (content or "")
+        message: dict[str, Any] = {"role": role, "content": content}
         if self.options.reasoning is not None:
-            message = {"role": "assistant", "reasoning": reasoning, "content": content or None}
+            shown = None if self.options.hide_reasoning else reasoning
+            message = {"role": role, "reasoning": shown, "content": content or None}
         if calls is not None and tools.parser is not None:
             message["content"] = content or None  # auto: the text before the calls, if any (as vLLM)
         if calls is not None:
@@ -758,7 +804,7 @@ class _ChoiceState:
         reasoning, content = self._split(c.finished)
         delta, finish = self._chat_delta(content, c.finished, finish)
         piece = (reasoning or "")[self.sent_reasoning :]
-        if piece:
+        if piece and not self.options.hide_reasoning:
             self.sent_reasoning += len(piece)
             delta = {"reasoning": piece, **(delta or {})}
         if delta is None and not logprobs:
@@ -800,15 +846,19 @@ class _ChoiceState:
 
     def _auto_delta(self, text: str, finished: bool, finish: str | None) -> tuple[dict[str, Any] | None, str | None]:
         """ "auto": content streams until a call begins (a suffix that may begin one held
-        back); the calls are read from the whole output and sent with the finish."""
+        back); the calls are read from the whole output and sent with the finish.
+        An output already streamed as content (no call began where the parser
+        looks for one) stays content, as vLLM streams it."""
         tools = self.options.tools
         assert tools is not None and tools.parser is not None
         if self.call_at is None:
             self.call_at = tools.parser.start(text)
         calls = None
-        if finished:
+        if finished and self.call_at is not None:
             content, calls = tools.message(text)
             end = len(text) if calls is None else len(content)
+        elif finished:
+            end = len(text)
         else:
             end = self.call_at if self.call_at is not None else tools.parser.safe_prefix(text)
         delta: dict[str, Any] = {}

@@ -10,6 +10,14 @@ holding back any suffix that could be the start of one.
             vllm/tool_parsers/hermes_tool_parser.py: the same tags, content is
             the text before the first tag, an unclosed last tag is read to the
             end, any JSON that does not parse leaves the whole text as content)
+    llama3_json: [<|python_tag|>]{"name": ..., "parameters": {...}}; {...}
+            (Llama 3.1-3.3 and 4's JSON tool format, also "llama4_json"; as vLLM's
+            Llama3JsonToolParser, vllm/tool_parsers/llama_tool_parser.py: every
+            JSON object not inside an earlier one is a call ("parameters" or
+            "arguments"), the text around the calls is dropped; an object that
+            does not parse or lacks a name leaves the whole text as content.
+            Streamed, an output that does not begin with the tag or "{" is
+            content as it comes, as in vLLM)
 """
 
 from __future__ import annotations
@@ -83,7 +91,41 @@ class HermesParser:
         return len(text) - held_back(text, self.open_tag)
 
 
-PARSERS: dict[str, ToolCallParser] = {"hermes": HermesParser()}
+@dataclass(frozen=True)
+class Llama3JsonParser:
+    bot_token: str = "<|python_tag|>"
+    keeps_special_tokens: bool = False  # vLLM's parser leaves the engine's default (the tag may be skipped)
+
+    def parse(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        if self.bot_token not in text and "{" not in text:
+            return text, []
+        decoder = json.JSONDecoder()
+        calls: list[dict[str, Any]] = []
+        end = -1  # where the last object read ends: braces before it are inside it
+        for brace in re.finditer(r"\{", text):
+            if brace.start() <= end:
+                continue
+            try:
+                obj, length = decoder.raw_decode(text[brace.start() :])
+                end = brace.start() + length
+                arguments = obj["arguments"] if "arguments" in obj else obj["parameters"]
+                calls.append(tool_call(obj["name"], json.dumps(arguments, ensure_ascii=False)))
+            except (ValueError, KeyError, TypeError):
+                return text, []
+        return ("", calls) if calls else (text, [])
+
+    def start(self, text: str) -> int | None:
+        return 0 if text.startswith((self.bot_token, "{")) else None
+
+    def safe_prefix(self, text: str) -> int:
+        return 0 if self.bot_token.startswith(text) else len(text)
+
+
+PARSERS: dict[str, ToolCallParser] = {
+    "hermes": HermesParser(),
+    "llama3_json": Llama3JsonParser(),
+    "llama4_json": Llama3JsonParser(),
+}
 
 
 def parser(name: str) -> ToolCallParser:

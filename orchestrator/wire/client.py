@@ -30,27 +30,6 @@ class ReplicaDraining(EngineError):
     """The replica is shutting down and took no part of the request."""
 
 
-def merge_chunks(chunks: list[EngineChunk]) -> EngineChunk:
-    """Consecutive chunks of one stream as one, every field carried: tokens,
-    text and their log-probabilities joined; the prompt counts and the prompt's
-    log-probabilities of the first chunk that has them; the last finish."""
-    if len(chunks) == 1:
-        return chunks[0]
-    first = next((c for c in chunks if c.num_prompt_tokens), chunks[0])
-    last = chunks[-1]
-    scored = [c.logprobs for c in chunks if c.logprobs is not None]
-    return EngineChunk(
-        token_ids=tuple(t for c in chunks for t in c.token_ids),
-        text="".join(c.text for c in chunks),
-        finish_reason=last.finish_reason,
-        stop_reason=last.stop_reason,
-        num_prompt_tokens=first.num_prompt_tokens,
-        num_cached_tokens=first.num_cached_tokens,
-        logprobs=tuple(p for positions in scored for p in positions) if scored else None,
-        prompt_logprobs=next((c.prompt_logprobs for c in chunks if c.prompt_logprobs is not None), None),
-    )
-
-
 def _error(kind: ErrorKind, message: str) -> Exception:
     if kind is ErrorKind.REJECTED:
         return EngineRequestRejected(message)
@@ -185,7 +164,7 @@ class ReplicaStreams:
                         end = item
                         break
                 if chunks:
-                    yield merge_chunks(chunks)
+                    yield EngineChunk.merged(chunks)
                 if end is _END:
                     finished = True
                     return

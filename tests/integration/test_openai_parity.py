@@ -217,17 +217,55 @@ def test_the_openai_sdk_drives_every_parameter(apps):
     restricted = client.completions.create(model=MODEL, prompt="the old city", max_tokens=4, extra_body=vllm_extras)
     assert set(restricted.choices[0].model_extra["token_ids"]) <= {100, 101}
     assert len(restricted.choices[0].model_extra["prompt_token_ids"]) == 2
+    whole_prompt = (
+        client.completions.create(
+            model=MODEL, prompt="the old city", max_tokens=1, extra_body={"return_token_ids": True}
+        )
+        .choices[0]
+        .model_extra["prompt_token_ids"]
+    )
+    named = client.completions.create(
+        model=MODEL,
+        prompt="the old city",
+        max_tokens=3,
+        logprobs=1,
+        extra_body={
+            "request_id": "sdk-1",
+            "truncate_prompt_tokens": 2,
+            "truncation_side": "right",
+            "return_tokens_as_token_ids": True,
+            "return_token_ids": True,
+            "priority": 0,
+        },
+    )
+    assert named.id == "cmpl-sdk-1"
+    assert named.choices[0].model_extra["prompt_token_ids"] == whole_prompt[:2]
+    ids = named.choices[0].model_extra["token_ids"]
+    assert named.choices[0].logprobs.tokens == [f"token_id:{t}" for t in ids]
+    spaced = client.completions.create(
+        model=MODEL,
+        prompt="the city",
+        max_tokens=7,
+        stream=True,
+        extra_body={"stream_interval": 3, "return_token_ids": True, "ignore_eos": True},
+    )
+    sizes = [len(c.choices[0].model_extra["token_ids"]) for c in spaced if c.choices]
+    assert sizes[0] == 1 and sum(sizes) == 7 and all(n >= 3 for n in sizes[1:-1])
     open_ended = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Hello, I"}],
         max_tokens=2,
+        reasoning_effort="low",
         extra_body={
             "add_generation_prompt": False,
             "continue_final_message": True,
             "chat_template_kwargs": {"enable_thinking": False},
+            "echo": True,
+            "include_reasoning": False,
+            "documents": [{"title": "city", "text": "The old city."}],
         },
     )
-    assert open_ended.choices[0].message.content is not None
+    assert open_ended.choices[0].message.content.startswith("Hello, I")  # the echoed message, then the answer
     chat = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "hello"}],

@@ -295,3 +295,92 @@ def test_auto_tool_choice_is_refused_with_the_reason():
     r = _chat(fe, max_tokens=1, tools=TOOLS)
     assert r.status_code == 400 and r.json()["error"]["param"] == "tool_choice"
     assert _chat(fe, max_tokens=1, tools=TOOLS, tool_choice="none").status_code == 200
+
+
+def test_request_id_names_the_answer_as_vllm_names_it():
+    fe = make_frontend()
+    assert _completion(fe, prompt="a", max_tokens=1, request_id="abc").json()["id"] == "cmpl-abc"
+    events = json_events(_chat(fe, max_tokens=2, request_id="xyz", stream=True))
+    assert {e["id"] for e in events} == {"chatcmpl-xyz"}
+    assert _completion(fe, prompt="a", max_tokens=1, session_id="s1").status_code == 200  # metadata
+
+
+def test_priority_other_than_zero_and_beam_search_are_refused_naming_the_field():
+    fe = make_frontend()
+    assert (
+        _completion(fe, prompt="a", max_tokens=1, priority=0, use_beam_search=False, length_penalty=1.0).status_code
+        == 200
+    )
+    for field, value in (("priority", 1), ("use_beam_search", True)):
+        r = _completion(fe, prompt="a", max_tokens=1, **{field: value})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field
+    assert _chat(fe, max_tokens=1, chat_template="{{ messages }}").json()["error"]["param"] == "chat_template"
+
+
+def test_truncation_side_right_keeps_the_prompts_first_tokens():
+    fe = make_frontend(disaggregated=False)
+    _completion(fe, prompt=[11, 12, 13, 14], max_tokens=1, truncate_prompt_tokens=2, truncation_side="right")
+    _completion(fe, prompt=[11, 12, 13, 14], max_tokens=1, truncate_prompt_tokens=2, truncation_side="left")
+    assert [g.prompt_token_ids for g in fe.decode.generates] == [(11, 12), (13, 14)]
+
+
+def test_tokens_as_token_ids_name_every_logprob_token_by_its_id():
+    fe = make_frontend()
+    lp = _completion(fe, prompt=[11, 12], max_tokens=1, echo=True, logprobs=2, return_tokens_as_token_ids=True)
+    lp = lp.json()["choices"][0]["logprobs"]
+    assert lp["tokens"] == ["token_id:11", "token_id:12", f"token_id:{OUT}"]
+    assert lp["top_logprobs"][2] == {f"token_id:{OUT}": -0.5, "token_id:7": -1.0}
+    assert lp["text_offset"] == [0, 11, 22]  # offsets run over the names, as vLLM's do
+    content = _chat(fe, max_tokens=1, logprobs=True, top_logprobs=2, return_tokens_as_token_ids=True)
+    (first,) = content.json()["choices"][0]["logprobs"]["content"]
+    assert first["token"] == f"token_id:{OUT}" and first["bytes"] == list(token_text(OUT).encode())
+    assert [t["token"] for t in first["top_logprobs"]] == [f"token_id:{OUT}", "token_id:7"]
+    assert first["top_logprobs"][1]["bytes"] == list(b"token_id:7")
+
+
+def test_chat_echo_writes_the_continued_message_before_the_answer_whole_and_streamed():
+    fe = make_frontend(disaggregated=False)
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure,"}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 2, "echo": True}
+    body |= {"add_generation_prompt": False, "continue_final_message": True}
+    message = post(fe, "/v1/chat/completions", body).json()["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "Sure," + token_text(OUT) + token_text(OUT + 1)}
+    events = json_events(post(fe, "/v1/chat/completions", body | {"stream": True}))
+    deltas = [e["choices"][0]["delta"] for e in events]
+    assert deltas[0] == {"role": "assistant", "content": ""} and deltas[1] == {"content": "Sure,"}
+    assert "".join(d.get("content", "") for d in deltas) == message["content"]
+    # A new assistant turn: the last message is the user's, nothing is echoed (vLLM's rule).
+    plain = _chat(fe, max_tokens=1, echo=True).json()["choices"][0]["message"]["content"]
+    assert plain == token_text(OUT)
+
+
+def test_a_continued_message_keeps_its_role():
+    fe = make_frontend(disaggregated=False)
+    messages = [{"role": "user", "content": "hi"}]
+    body = {"model": MODEL, "messages": messages, "max_tokens": 1, "add_generation_prompt": False}
+    assert post(fe, "/v1/chat/completions", body).json()["choices"][0]["message"]["role"] == "user"
+    events = json_events(post(fe, "/v1/chat/completions", body | {"stream": True}))
+    assert events[0]["choices"][0]["delta"]["role"] == "user"
+
+
+def test_reasoning_effort_and_documents_reach_the_template_as_vllm_merges_them():
+    fe = make_frontend(disaggregated=False)
+    _chat(fe, max_tokens=1, reasoning_effort="none")
+    _chat(fe, max_tokens=1, reasoning_effort="high", chat_template_kwargs={"enable_thinking": False})
+    _chat(fe, max_tokens=1, documents=[{"title": "t", "text": "x"}])
+    encode = fe.service.renderer.tokenizer.encode
+    prompts = [g.prompt_token_ids for g in fe.decode.generates]
+    assert prompts[0] == tuple(encode("<user> hi enable_thinking=False reasoning_effort=none <assistant>", False))
+    assert prompts[1] == tuple(encode("<user> hi enable_thinking=False reasoning_effort=high <assistant>", False))
+    assert prompts[2] == tuple(encode("<user> hi documents=[{'title': 't', 'text': 'x'}] <assistant>", False))
+
+
+def test_stream_interval_batches_tokens_and_sends_the_first_and_last_at_once():
+    fe = make_frontend(disaggregated=False)
+    events = json_events(
+        _completion(fe, prompt="a", max_tokens=6, stream=True, stream_interval=4, return_token_ids=True)
+    )
+    assert [len(e["choices"][0]["token_ids"]) for e in events] == [1, 4, 1]
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    whole = _completion(fe, prompt="a", max_tokens=6, stream_interval=4).json()["choices"][0]["text"]
+    assert "".join(e["choices"][0]["text"] for e in events) == whole

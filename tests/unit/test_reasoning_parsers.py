@@ -62,3 +62,16 @@ def test_reasoning_comes_apart_from_the_content_whole_and_streamed():
     assert all("<" not in d.get("reasoning", "") + d.get("content", "") for d in deltas)
     constrained = _chat(fe, max_tokens=8, response_format={"type": "json_object"}).json()["choices"][0]["message"]
     assert "reasoning" not in constrained  # a constrained output is all answer
+
+
+def test_include_reasoning_false_drops_the_reasoning_and_what_would_carry_it():
+    decode = FakePool("decode_pool", script=SCRIPT)
+    fe = make_frontend(decode=decode, reasoning_parser="deepseek_r1")
+    hidden = {"include_reasoning": False, "logprobs": True, "return_token_ids": True}
+    choice = _chat(fe, max_tokens=8, **hidden).json()["choices"][0]
+    assert choice["message"] == {"role": "assistant", "reasoning": None, "content": "Four."}
+    assert choice["logprobs"] is None and "token_ids" not in choice
+    events = json_events(_chat(fe, max_tokens=8, stream=True, **hidden))
+    deltas = [e["choices"][0] for e in events[1:]]
+    assert "".join(d["delta"].get("content", "") for d in deltas) == "Four."
+    assert not any(d["delta"].get("reasoning") or d["logprobs"] or d.get("token_ids") for d in deltas)

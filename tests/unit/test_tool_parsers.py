@@ -9,8 +9,9 @@ import pytest
 from transformers import AutoTokenizer
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
+from vllm.tool_parsers.llama_tool_parser import Llama3JsonToolParser
 
-from orchestrator.api.tool_parsers import HermesParser, parser
+from orchestrator.api.tool_parsers import HermesParser, Llama3JsonParser, parser
 from orchestrator.tiny_model import make_tiny_model
 from tests.factories import FakePool, chat, json_events, make_frontend
 
@@ -41,6 +42,57 @@ def test_hermes_reads_what_vllms_hermes_parser_reads(vllm_parser, text):
         (c.function.name, json.loads(c.function.arguments)) for c in theirs.tool_calls
     ]
     assert (content or None) == (theirs.content or None) if calls else content == text
+
+
+# Llama 3.1's JSON tool format (Meta's llama-models docs, "JSON based tool calling";
+# vLLM's examples/tool_chat_template_llama3.1_json.jinja asks for it): one object,
+# or several separated by "; ", sometimes after <|python_tag|>; "parameters" or "arguments".
+LLAMA_OUTPUTS = [
+    "The weather is fine.",
+    '{"name": "get_weather", "parameters": {"city": "Oslo"}}',
+    '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Oslo", "when": {"day": 1}}}',
+    '{"name": "get_weather", "parameters": {"city": "Oslo"}}; {"name": "get_time", "arguments": {}}',
+    'Sure: {"name": "get_time", "parameters": {}} done',  # text around a call is dropped
+    '{"name": "get_weather", "parameters": {"city": "Ro',  # cut by length: content
+    '{"city": "Oslo"}',  # no name: content
+    "use {braces} freely",  # not JSON: content
+]
+
+
+@pytest.fixture(scope="module")
+def vllm_llama_parser(tmp_path_factory):
+    tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path_factory.mktemp("tiny")))
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|python_tag|>"]})
+    return Llama3JsonToolParser(tokenizer)
+
+
+@pytest.mark.parametrize("text", LLAMA_OUTPUTS)
+def test_llama3_json_reads_what_vllms_llama3_json_parser_reads(vllm_llama_parser, text):
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}])
+    theirs = vllm_llama_parser.extract_tool_calls(text, request)
+    content, calls = Llama3JsonParser().parse(text)
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        (c.function.name, json.loads(c.function.arguments)) for c in theirs.tool_calls
+    ]
+    assert (content or None) == theirs.content
+
+
+def test_llama3_json_streams_content_unless_the_output_opens_with_a_call():
+    llama = parser("llama3_json")
+    assert llama.start('{"name"') == 0 and llama.start("<|python_tag|>{") == 0 and llama.start("Hi {") is None
+    assert llama.safe_prefix("<|pyth") == 0 and llama.safe_prefix("Hi") == 2
+    call = ('{"name": "get_weather", ', '"parameters": {"city": "Oslo"}}')
+    fe = make_frontend(decode=FakePool("decode_pool", script=call), tool_call_parser="llama3_json")
+    events = json_events(_chat(fe, max_tokens=8, tools=TOOLS, stream=True))
+    deltas = [e["choices"][0]["delta"] for e in events[1:]]
+    assert not any(d.get("content") for d in deltas)
+    assert [d["tool_calls"][0]["function"]["arguments"] for d in deltas if "tool_calls" in d] == ['{"city": "Oslo"}']
+    assert fe.decode.generates[0].sampling.skip_special_tokens is True
+    prose = ("Call ", '{"name": "get_time", "parameters": {}}')  # not at the start: vLLM streams it as content
+    fe = make_frontend(decode=FakePool("decode_pool", script=prose), tool_call_parser="llama3_json")
+    events = json_events(_chat(fe, max_tokens=8, tools=TOOLS, stream=True))
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == "".join(prose)
+    assert not any("tool_calls" in e["choices"][0]["delta"] for e in events)
 
 
 def test_a_partial_tag_is_held_back_until_it_is_known():

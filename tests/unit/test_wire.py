@@ -21,7 +21,7 @@ from orchestrator.messages import (
     SamplingSpec,
     TokenLogprob,
 )
-from orchestrator.wire.client import ReplicaDraining, ReplicaStreams, merge_chunks
+from orchestrator.wire.client import ReplicaDraining, ReplicaStreams
 from orchestrator.wire.frames import HEADER, ErrorKind, FrameReader, Op, ProtocolError, encode
 from orchestrator.wire.server import StreamServer
 
@@ -113,7 +113,7 @@ def test_frames_refuse_what_the_protocol_does_not_define():
 def test_chunks_merge_without_losing_tokens():
     a = EngineChunk((1,), "a", None, None, 5, 2)
     b = EngineChunk((2, 3), "bc", FinishReason.STOP, "x")
-    assert merge_chunks([a, b]) == EngineChunk((1, 2, 3), "abc", FinishReason.STOP, "x", 5, 2)
+    assert EngineChunk.merged([a, b]) == EngineChunk((1, 2, 3), "abc", FinishReason.STOP, "x", 5, 2)
 
 
 def test_merged_chunks_keep_their_log_probabilities():
@@ -126,10 +126,10 @@ def test_merged_chunks_keep_their_log_probabilities():
     prompt = (None, scored(8), scored(9))
     a = EngineChunk((1,), "a", None, None, 3, 0, logprobs=(scored(1),), prompt_logprobs=prompt)
     b = EngineChunk((2, 3), "bc", FinishReason.STOP, "x", logprobs=(scored(2), scored(3)))
-    merged = merge_chunks([a, b])
+    merged = EngineChunk.merged([a, b])
     assert merged.logprobs == (scored(1), scored(2), scored(3))
     assert merged.prompt_logprobs == prompt
-    assert merge_chunks([EngineChunk((1,), "a"), EngineChunk((2,), "b")]).logprobs is None
+    assert EngineChunk.merged([EngineChunk((1,), "a"), EngineChunk((2,), "b")]).logprobs is None
 
 
 def test_a_stream_arrives_whole_and_in_order():
