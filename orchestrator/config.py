@@ -278,6 +278,11 @@ class LimitsConfig(_Strict):
     max_logprobs: int = Field(
         default=20, ge=0, description="Most `logprobs` / `top_logprobs`; at most the engine's (vLLM: 20)."
     )
+    max_json_depth: PositiveInt = Field(
+        default=64,
+        description="Deepest nesting of objects and arrays in a request body (a schema or tool "
+        "parameters past it would cost the engine's grammar compiler, not the client).",
+    )
 
 
 class AuthConfig(_Strict):

@@ -263,6 +263,20 @@ def _parse_json(raw: bytes) -> Any:
         raise bad_request(f"request body is not valid JSON: {str(e)[:200]}") from None
 
 
+def nesting_exceeds(value: Any, limit: int) -> bool:
+    """Whether objects and arrays in `value` nest deeper than `limit` (the outermost is depth 1); no recursion."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 class CompletionService:
     def __init__(
         self,
@@ -315,7 +329,10 @@ class CompletionService:
             )
         slot = _Slot(self.gate)
         try:
-            prepared = await self._prepare(endpoint, _parse_json(raw_body))
+            body = _parse_json(raw_body)
+            if nesting_exceeds(body, self.limits.max_json_depth):
+                raise bad_request(f"request body is nested deeper than {self.limits.max_json_depth} levels")
+            prepared = await self._prepare(endpoint, body)
         except APIError:
             slot.release()
             self.metrics.requests.labels(endpoint.value, "client_error").inc()

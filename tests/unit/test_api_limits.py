@@ -139,3 +139,24 @@ def test_a_body_nested_too_deeply_is_a_400_and_the_server_keeps_serving():
     r = run(_post(fe, deep))
     assert r.status_code == 400 and "nested too deeply" in r.json()["error"]["message"]
     assert run(_post(fe, _body())).status_code == 200
+
+
+def test_a_schema_nested_past_the_configured_depth_never_reaches_the_engine():
+    """Within json's recursion limit, yet past `max_json_depth`: the grammar
+    compiler would pay for it, so the frontend refuses it."""
+    fe = make_frontend(limits=LimitsConfig(max_json_depth=20))
+
+    def schema(depth: int) -> dict:
+        inner: dict = {"type": "string"}
+        for _ in range(depth):
+            inner = {"type": "object", "properties": {"a": inner}}
+        return inner
+
+    def body(depth: int) -> bytes:
+        fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema(depth)}}
+        return json.dumps({"model": MODEL, "prompt": "a", "max_tokens": 1, "response_format": fmt}).encode()
+
+    r = run(_post(fe, body(12)))  # 4 levels around the schema, 2 a nesting step: depth 28
+    assert r.status_code == 400 and "deeper than 20" in r.json()["error"]["message"]
+    assert fe.decode.generates == [] and fe.prefill.prefills == []
+    assert run(_post(fe, body(6))).status_code == 200  # depth 16
