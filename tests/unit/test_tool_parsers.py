@@ -11,7 +11,7 @@ from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionReque
 from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 from vllm.tool_parsers.llama_tool_parser import Llama3JsonToolParser
 
-from orchestrator.api.tool_parsers import HermesParser, Llama3JsonParser, parser
+from orchestrator.api.tool_parsers import parser
 from orchestrator.tiny_model import make_tiny_model
 from tests.factories import FakePool, chat, json_events, make_frontend
 
@@ -25,23 +25,6 @@ OUTPUTS = [
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Ro',  # cut by length: no call
     '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}',  # unclosed last tag, whole JSON
 ]
-
-
-@pytest.fixture(scope="module")
-def vllm_parser(tmp_path_factory):
-    tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path_factory.mktemp("tiny")))
-    return Hermes2ProToolParser(tokenizer)
-
-
-@pytest.mark.parametrize("text", OUTPUTS)
-def test_hermes_reads_what_vllms_hermes_parser_reads(vllm_parser, text):
-    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}])
-    theirs = vllm_parser.extract_tool_calls(text, request)
-    content, calls = HermesParser().parse(text)
-    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
-        (c.function.name, json.loads(c.function.arguments)) for c in theirs.tool_calls
-    ]
-    assert (content or None) == (theirs.content or None) if calls else content == text
 
 
 # Llama 3.1's JSON tool format (Meta's llama-models docs, "JSON based tool calling";
@@ -60,21 +43,24 @@ LLAMA_OUTPUTS = [
 
 
 @pytest.fixture(scope="module")
-def vllm_llama_parser(tmp_path_factory):
+def tokenizer(tmp_path_factory):
     tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path_factory.mktemp("tiny")))
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|python_tag|>"]})
-    return Llama3JsonToolParser(tokenizer)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|python_tag|>"]})  # vLLM's llama parser needs it
+    return tokenizer
 
 
-@pytest.mark.parametrize("text", LLAMA_OUTPUTS)
-def test_llama3_json_reads_what_vllms_llama3_json_parser_reads(vllm_llama_parser, text):
+VLLM_PARSERS = {"hermes": Hermes2ProToolParser, "llama3_json": Llama3JsonToolParser}
+
+
+@pytest.mark.parametrize("name, text", [("hermes", t) for t in OUTPUTS] + [("llama3_json", t) for t in LLAMA_OUTPUTS])
+def test_each_parser_reads_what_vllms_parser_of_its_name_reads(tokenizer, name, text):
     request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}])
-    theirs = vllm_llama_parser.extract_tool_calls(text, request)
-    content, calls = Llama3JsonParser().parse(text)
+    theirs = VLLM_PARSERS[name](tokenizer).extract_tool_calls(text, request)
+    content, calls = parser(name).parse(text)
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
         (c.function.name, json.loads(c.function.arguments)) for c in theirs.tool_calls
     ]
-    assert (content or None) == theirs.content
+    assert (content or None) == (theirs.content or None) if calls else content == text
 
 
 def test_llama3_json_streams_content_unless_the_output_opens_with_a_call():
