@@ -138,7 +138,9 @@ class _SamplingFields(_Body):
         if self.best_of is not None and self.best_of > self.n:
             found.append(Unsupported("best_of", "best_of > n is not supported (vLLM V1 has no best_of)"))
         if self.response_format is not None and self.structured_outputs is not None:
-            found.append(Unsupported("structured_outputs", "response_format and structured_outputs both constrain"))
+            found.append(
+                Unsupported("structured_outputs", "response_format and structured_outputs cannot both be given")
+            )
         if self.priority != 0:
             found.append(
                 Unsupported("priority", f"Got priority {self.priority} but priority scheduling is not enabled.")

@@ -370,7 +370,7 @@ class CompletionService:
         logit_bias = self._logit_bias(req.logit_bias)
         structured, constraint_param = _constraint(req)
 
-        tools, keep_special, chat_echo = None, False, ""
+        tools, keep_special, chat_echo, reasoning, hide_reasoning = None, False, "", None, False
         if isinstance(req, CompletionRequest):
             prompts = await self._completion_prompts(req)
             requested, prompt_param, top = req.max_tokens, "prompt", req.logprobs
@@ -400,7 +400,10 @@ class CompletionService:
             if req.echo and last.role == req.response_role:
                 chat_echo = last.text()
             requested, prompt_param = req.requested_max_tokens, "messages"
-            top = (req.top_logprobs or 0) if req.logprobs else None
+            reasoning = self.reasoning_parser if structured is None else None  # a constrained output has none
+            hide_reasoning = reasoning is not None and not req.include_reasoning
+            # Hidden reasoning hides its logprobs too (as vLLM), so the engine is not asked for any.
+            top = (req.top_logprobs or 0) if req.logprobs and not hide_reasoning else None
 
         rid = self.new_id()
         echo = isinstance(req, CompletionRequest) and req.echo
@@ -425,7 +428,6 @@ class CompletionService:
                 plans.append(ChoicePlan(index, request, i, j == 0, echo_text, first_token))
         prefix = "cmpl" if endpoint is Endpoint.COMPLETIONS else "chatcmpl"
         chat = isinstance(req, ChatCompletionRequest)
-        reasoning = self.reasoning_parser if chat and structured is None else None  # a constrained output has none
         self.metrics.hop_seconds.labels("prepare").observe(self.clock() - arrival)
         return PreparedRequest(
             endpoint=endpoint,
@@ -446,7 +448,7 @@ class CompletionService:
                 prompt_logprobs=req.prompt_logprobs is not None or scored_echo,
                 tokens_as_ids=bool(req.return_tokens_as_token_ids),
                 role=req.response_role if chat else "assistant",
-                hide_reasoning=chat and reasoning is not None and not req.include_reasoning,
+                hide_reasoning=hide_reasoning,
                 stream_interval=req.stream_interval or 1,
             ),
         )
@@ -746,7 +748,7 @@ class _ChoiceState:
 
     def _logprobs(self, positions: Any) -> dict[str, Any] | None:
         top = self.options.top_logprobs
-        if top is None or self.options.hide_reasoning:
+        if top is None:
             return None
         if self.completion_logprobs is not None:
             return self.completion_logprobs.body(positions or ())

@@ -71,6 +71,7 @@ def test_include_reasoning_false_drops_the_reasoning_and_what_would_carry_it():
     choice = _chat(fe, max_tokens=8, **hidden).json()["choices"][0]
     assert choice["message"] == {"role": "assistant", "reasoning": None, "content": "Four."}
     assert choice["logprobs"] is None and "token_ids" not in choice
+    assert fe.decode.generates[0].sampling.logprobs is None  # the engine is not asked for what is dropped
     events = json_events(_chat(fe, max_tokens=8, stream=True, **hidden))
     deltas = [e["choices"][0] for e in events[1:]]
     assert "".join(d["delta"].get("content", "") for d in deltas) == "Four."
