@@ -82,8 +82,13 @@ TRACE = launch.TRACES / "mooncake_conversation.jsonl"
 # (vllm/engine/arg_utils.py, get_batch_defaults; the in-process engine gets the same from SchedulerConfig).
 MAX_NUM_BATCHED_TOKENS = 2048
 MAX_NUM_SEQS = 128
-# The speed probe: a few unique 512-token prompts with 32-token outputs, one at a time, through the server.
-PROBE_ISL, PROBE_OSL, PROBE_REQUESTS = 512, 32, 8
+# The speed probe: unique 64-token prompts with 128-token outputs, 4 at a time, through the server. A shape no
+# compared load has (they are 512±128 in / 64 out, the trace's prefix-sharing prompts, one concurrency each), so
+# the factors it gives are not fitted on the loads they are then tested on.
+PROBE_ISL, PROBE_OSL, PROBE_REQUESTS, PROBE_CONCURRENCY = 64, 128, 8, 4
+SPEED_PROBE = {"isl": PROBE_ISL, "osl": PROBE_OSL, "requests": PROBE_REQUESTS, "concurrency": PROBE_CONCURRENCY}
+# What runs before the probe's shape was recorded used.
+EARLIER_SPEED_PROBE = {"isl": 512, "osl": 32, "requests": 8, "concurrency": 1}
 # The profiler's engine processes outlive it by a few seconds (teardown); a reference probe taken meanwhile
 # was 185 ms against 121-145 in the runs before.
 PROFILER_EXIT_S = 15
@@ -158,7 +163,7 @@ class SpeedProbe:
             RequestSpec(tuple(rng.choice(self.pool.ids) for _ in range(PROBE_ISL)), PROBE_OSL)
             for _ in range(PROBE_REQUESTS)
         ]
-        records, _ = asyncio.run(run_concurrency(self.target, specs, 1))
+        records, _ = asyncio.run(run_concurrency(self.target, specs, PROBE_CONCURRENCY))
         return statistics.median(r.e2e_s for r in records if r.ok and r.e2e_s)
 
     def around(self, run):
@@ -337,6 +342,7 @@ def main() -> None:
             "max_num_batched_tokens": MAX_NUM_BATCHED_TOKENS,
             "max_num_seqs": MAX_NUM_SEQS,
         },
+        "speed_probe": SPEED_PROBE,
         "trace": {
             "path": TRACE.name,
             "seconds": args.trace_seconds,
@@ -542,10 +548,12 @@ def markdown(doc: dict) -> str:
     if doc.get("summary_speed"):
         entries = loads_of(doc)
         factors = [e["speed"]["factor"] for e in entries]
+        shape = doc.get("speed_probe", EARLIER_SPEED_PROBE)
         text += (
             f"\n### At the speed the probes measured\n\nThe same profile scaled, per workload, by the speed "
-            f"probe's time around it over its time right after the profile ({PROBE_REQUESTS} unique "
-            f"{PROBE_ISL}-token prompts, {PROBE_OSL} tokens out, one at a time, before and after): factors "
+            f"probe's time around it over its time right after the profile ({shape['requests']} unique "
+            f"{shape['isl']}-token prompts, {shape['osl']} tokens out, {shape['concurrency']} at a time, before and "
+            f"after): factors "
             f"{min(factors):.2f}-{max(factors):.2f}.\n\n"
             + _table(doc, "compare_speed")
             + f"\nKnee: real c={doc['knee']['real']}, sim c={doc['knee'].get('sim_speed')}\n"
