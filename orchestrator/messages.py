@@ -114,6 +114,9 @@ class EngineRequest:
     kv_transfer: KVTransfer | None = None
     # The replica the scheduler chose (Serve replica unique id); None lets Serve pick.
     target_replica: str | None = None
+    # vLLM's cache_salt: the engine and the KV index key this prompt's cached blocks under it, so a prompt
+    # reuses only the cache of prompts with the same salt. Kept by every transformation below.
+    cache_salt: str | None = None
 
     def for_prefill(self, replica: str | None) -> EngineRequest:
         """The request sent to a prefill replica: the same prompt, one token, KV

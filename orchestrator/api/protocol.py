@@ -59,6 +59,10 @@ class StructuredOutputsBody(_Body):
         return self
 
 
+CACHE_SALT_MAX_LENGTH = 128
+CACHE_SALT_FORBIDDEN = frozenset("@/\\\x00")
+
+
 class Unsupported(NamedTuple):
     """A field set to something this server does not do, and why."""
 
@@ -113,6 +117,8 @@ class _SamplingFields(_Body):
     return_token_offsets: bool | None = None  # vLLM fills it on /render endpoints only; generation ignores it
     # Tokens an SSE event carries at least (the first and last are sent at once), as vLLM's.
     stream_interval: int | None = Field(default=None, ge=1)
+    # vLLM's: the prompt reuses only prefix cache computed under the same salt (engines and the KV index).
+    cache_salt: str | None = None
 
     @field_validator("stop")
     @classmethod
@@ -123,6 +129,21 @@ class _SamplingFields(_Body):
         if any(s == "" for s in stops):
             raise ValueError("stop strings must be non-empty")
         return stops
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _cache_salt(cls, v: str | None) -> str | None:
+        # vLLM's rules and message (entrypoints/generate/base/protocol.py, validate_cache_salt).
+        if v is None:
+            return None
+        if not v:
+            raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")
+        if len(v) > CACHE_SALT_MAX_LENGTH or any(c in CACHE_SALT_FORBIDDEN for c in v):
+            raise ValueError(
+                f"Parameter 'cache_salt' must be at most {CACHE_SALT_MAX_LENGTH} characters "
+                "and must not contain '@', '/', '\\\\', or NUL."
+            )
+        return v
 
     @field_validator("logit_bias")
     @classmethod

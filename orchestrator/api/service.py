@@ -424,7 +424,9 @@ class CompletionService:
             for j in range(req.n):
                 index = i * req.n + j
                 request_id = rid if len(prompts) * req.n == 1 else f"{rid}-{index}"
-                request = EngineRequest(request_id, prompt_ids, _for_choice(base, max_tokens, j))
+                request = EngineRequest(
+                    request_id, prompt_ids, _for_choice(base, max_tokens, j), cache_salt=req.cache_salt
+                )
                 plans.append(ChoicePlan(index, request, i, j == 0, echo_text, first_token))
         prefix = "cmpl" if endpoint is Endpoint.COMPLETIONS else "chatcmpl"
         chat = isinstance(req, ChatCompletionRequest)

@@ -663,6 +663,8 @@ class SglangEngine:
             raise EngineError("engine not started")
         if request.sampling.logprobs is not None or request.sampling.prompt_logprobs is not None:
             raise EngineRequestRejected("logprobs are not wired to SGLang's output format in this adapter yet")
+        if request.cache_salt is not None:
+            raise EngineRequestRejected("cache_salt is not wired to SGLang's prefix cache in this adapter")
         if request.sampling.allowed_token_ids is not None or request.sampling.bad_words:
             raise EngineRequestRejected("allowed_token_ids and bad_words are vLLM's; SGLang has no equivalent")
         rid = f"{request.request_id}-{uuid.uuid4().hex[:8]}"

@@ -213,6 +213,7 @@ class SimEngine:
             list(request.prompt_token_ids),
             request.sampling.max_tokens,
             transfer_done_at=None if transfer_s is None else self._elapsed() + transfer_s,
+            cache_salt=request.cache_salt,
         )
         stream = self._submit(sim)
         finished = False
@@ -235,7 +236,13 @@ class SimEngine:
                 self._core.abort(request.request_id)
 
     async def prefill(self, request: EngineRequest) -> PrefillResult:
-        sim = SimRequest(request.request_id, list(request.prompt_token_ids), 1, hold_for_transfer=True)
+        sim = SimRequest(
+            request.request_id,
+            list(request.prompt_token_ids),
+            1,
+            hold_for_transfer=True,
+            cache_salt=request.cache_salt,
+        )
         stream = self._submit(sim)
         try:
             await stream.get()

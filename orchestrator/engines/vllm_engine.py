@@ -356,6 +356,8 @@ class VllmEngine:
             raise EngineError("engine not started")
         params = self._sampling_params(request, kv_transfer_params)
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
+        if request.cache_salt is not None:
+            prompt["cache_salt"] = request.cache_salt
         try:
             async for out in self._llm.generate(prompt, params, request.request_id):
                 yield out

@@ -33,13 +33,17 @@ class MalformedEvents(ValueError):
     pass
 
 
-class _BlockStored(msgspec.Struct, tag="BlockStored"):
+class _BlockStored(msgspec.Struct, tag="BlockStored", omit_defaults=True):
     block_hashes: tuple[int | bytes, ...]
     parent_block_hash: int | bytes | None
     token_ids: tuple[int, ...]
     block_size: int
     medium: str | None = None
     group_idx: int | None = None
+    lora_name: str | None = None
+    # One entry per block, untagged: the LoRA name (when lora_name is set), (mm id, offset) pairs, the
+    # cache_salt (the prompt's first block only), prompt-embeds digests (vLLM's `to_event_extra_keys`).
+    extra_keys: list[tuple[Any, ...] | None] | None = None
 
 
 class _BlockRemoved(msgspec.Struct, tag="BlockRemoved"):
@@ -86,8 +90,20 @@ def _translate(event: Any) -> KVEvent | None:
     if event.group_idx or not on_device(event.medium):
         return None  # a KV group other than the first, or another storage tier
     if type(event) is _BlockStored:
-        return BlockStored(event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size)
+        salt = _first_block_salt(event) if event.extra_keys else None
+        return BlockStored(event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size, salt)
     return BlockRemoved(event.block_hashes)
+
+
+def _first_block_salt(event: _BlockStored) -> str | None:
+    """The cache_salt a prompt's first block was hashed with: the one string among its extra keys once the
+    LoRA name is set aside (mm keys are pairs, embeds digests bytes)."""
+    if event.parent_block_hash is not None or not event.extra_keys[0]:
+        return None
+    strings = [key for key in event.extra_keys[0] if isinstance(key, str)]
+    if event.lora_name is not None:
+        strings = strings[1:]
+    return strings[0] if strings else None
 
 
 def decode_batch(seq_bytes: bytes, payload: bytes) -> KVEventBatch:
@@ -124,6 +140,7 @@ def _wire(event: KVEvent) -> _Event:
             tuple(event.token_ids),
             event.block_size,
             DEVICE_MEDIUM,
+            extra_keys=[(event.cache_salt,)] + [None] * (len(event.engine_hashes) - 1) if event.cache_salt else None,
         )
     if isinstance(event, BlockRemoved):
         return _BlockRemoved(tuple(event.engine_hashes), DEVICE_MEDIUM)

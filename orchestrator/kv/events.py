@@ -15,12 +15,14 @@ EngineBlockHash = int | bytes
 @dataclass(frozen=True)
 class BlockStored:
     """Blocks the engine just cached, in prefix order. `parent_engine_hash` is
-    the block before the first one (None: they start the prompt)."""
+    the block before the first one (None: they start the prompt, hashed under
+    `cache_salt` when the prompt had one)."""
 
     engine_hashes: tuple[EngineBlockHash, ...]
     parent_engine_hash: EngineBlockHash | None
     token_ids: tuple[int, ...]
     block_size: int
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,12 @@ the slice: the chain costs ~0.4 us a block, for prompts and for KV events
 alike (most events carry one or a few blocks, where vectorised hashing loses
 to its own call overhead).
 
+A request's `cache_salt` (vLLM's extension) starts its chain at a root of
+its own, `prefix_root(salt)`: as in the engine, where the salt joins the
+first block's hash, equal tokens under different salts share no block. The
+root is a digest of the salt, the same in every process (str's `hash` is
+not); no salt is ROOT_HASH.
+
 These hashes are ours, not the engine's: engines hash with a per-process
 seed and their own algorithm, but publish each stored block's token ids, so
 the index hashes those with this same function and maps engine hashes to
@@ -23,9 +29,22 @@ worse route, never a wrong answer — the engine checks its own hashes.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Sequence
+from functools import lru_cache
 
-ROOT_HASH = 0x2545F4914F6CDD1D  # the empty prefix: parent of every prompt's first block
+ROOT_HASH = 0x2545F4914F6CDD1D  # the empty prefix: parent of every unsalted prompt's first block
+
+
+def prefix_root(cache_salt: str | None) -> int:
+    """The parent of a prompt's first block: ROOT_HASH, or the salt's own root."""
+    return ROOT_HASH if cache_salt is None else _salted_root(cache_salt)
+
+
+@lru_cache(maxsize=4096)
+def _salted_root(cache_salt: str) -> int:
+    digest = hashlib.blake2b(cache_salt.encode(), digest_size=8, person=b"cache_salt").digest()
+    return hash((ROOT_HASH, int.from_bytes(digest, "big")))
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = ROOT_HASH) -> list[int]:

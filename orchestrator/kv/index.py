@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, EngineBlockHash, KVEvent
-from orchestrator.kv.hashing import ROOT_HASH, block_hashes
+from orchestrator.kv.hashing import block_hashes, prefix_root
 
 
 @dataclass
@@ -138,7 +138,7 @@ class KVIndex:
             kind = type(event)
             if kind is BlockStored:
                 parent_engine = event.parent_engine_hash
-                parent = ROOT_HASH if parent_engine is None else engine_map.get(parent_engine)
+                parent = prefix_root(event.cache_salt) if parent_engine is None else engine_map.get(parent_engine)
                 if parent is None:
                     result.orphaned += len(event.engine_hashes)
                     continue

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from orchestrator.config import RoutingConfig
-from orchestrator.kv.hashing import block_hashes
+from orchestrator.kv.hashing import block_hashes, prefix_root
 from orchestrator.kv.index import KVIndex
 from orchestrator.messages import EngineRequest
 from orchestrator.pools import ReplicaView
@@ -54,7 +54,7 @@ class KvAwareScheduler:
         decode_replicas: Sequence[ReplicaView],
     ) -> RouteDecision:
         self.memory.expire()
-        hashes = block_hashes(request.prompt_token_ids, self.block_size)
+        hashes = block_hashes(request.prompt_token_ids, self.block_size, prefix_root(request.cache_salt))
         overlaps = self.index.overlaps(hashes)
         decode = self._cheapest(decode_replicas, hashes, overlaps)
         decision = self._decide(request, hashes, overlaps, decode, prefill_replicas)

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.config import PRIMARY_GROUP, ShapePolicy, ShapeRoutingConfig
-from orchestrator.kv.hashing import block_hashes
+from orchestrator.kv.hashing import block_hashes, prefix_root
 from orchestrator.kv.index import KVIndex
 from orchestrator.messages import EngineRequest
 from orchestrator.routing.load import InflightLoad
@@ -79,10 +79,12 @@ class ShapeRouter:
         self.groups = tuple(groups)
         self._turn = itertools.cycle(self.groups)
 
-    def classify(self, prompt_token_ids: Sequence[int], max_tokens: int) -> ShapeDecision:
+    def classify(
+        self, prompt_token_ids: Sequence[int], max_tokens: int, cache_salt: str | None = None
+    ) -> ShapeDecision:
         """The request's shape and the group its policy names (no state changed
         except the round-robin turn)."""
-        hashes = block_hashes(prompt_token_ids, self.block_size)
+        hashes = block_hashes(prompt_token_ids, self.block_size, prefix_root(cache_salt))
         overlaps = self.index.overlaps(hashes) if hashes else {}
         reused = max(overlaps.values(), default=0)
         c = self.config
@@ -109,7 +111,7 @@ class ShapeRouter:
         )
 
     def route(self, request: EngineRequest) -> ShapeDecision:
-        return self.classify(request.prompt_token_ids, request.sampling.max_tokens)
+        return self.classify(request.prompt_token_ids, request.sampling.max_tokens, request.cache_salt)
 
 
 class CombinedLoad:

@@ -11,7 +11,8 @@ Invariants:
   * free blocks are reused least recently used first, uncached ones before
     any cached one.
 Block hashes are the routing hashes (orchestrator/kv/hashing.py), which are
-also what the events carry as engine hashes.
+also what the events carry as engine hashes; a salted prompt's chain starts
+at its salt's root, as the engine's does.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from orchestrator.kv.events import BlockRemoved, BlockStored, KVEvent
-from orchestrator.kv.hashing import ROOT_HASH, block_hashes, iter_block_hashes
+from orchestrator.kv.hashing import block_hashes, iter_block_hashes, prefix_root
 
 
 @dataclass(slots=True)
@@ -40,6 +41,7 @@ class SequenceBlocks:
     computed_tokens: int = 0
     cached_tokens: int = 0  # prompt tokens found in the cache at allocation
     chain: list[int] = field(default_factory=list)  # hashes of the full, computed blocks, in order
+    cache_salt: str | None = None  # the prompt's (vLLM's cache_salt): its first block is hashed under it
 
 
 class BlockManager:
@@ -69,28 +71,28 @@ class BlockManager:
 
     # -- allocation -------------------------------------------------------------
 
-    def cached_prefix(self, token_ids: list[int]) -> list[int]:
-        """Blocks that already hold this prompt's leading full blocks."""
+    def cached_prefix(self, token_ids: list[int], cache_salt: str | None = None) -> list[int]:
+        """Blocks that already hold this prompt's leading full blocks (hashed under `cache_salt`)."""
         if not self.enable_prefix_caching:
             return []
         found = []
         # The last token is always computed, so a fully cached prompt reuses all but its last block.
-        for h in iter_block_hashes(token_ids[:-1], self.block_size):
+        for h in iter_block_hashes(token_ids[:-1], self.block_size, prefix_root(cache_salt)):
             block_id = self._cached.get(h)
             if block_id is None:
                 break
             found.append(block_id)
         return found
 
-    def allocate(self, token_ids: list[int]) -> SequenceBlocks | None:
+    def allocate(self, token_ids: list[int], cache_salt: str | None = None) -> SequenceBlocks | None:
         """Blocks for a new sequence's prompt: cached leading blocks are
         shared, the rest are fresh. None if they do not fit."""
-        cached = self.cached_prefix(token_ids)
+        cached = self.cached_prefix(token_ids, cache_salt)
         reusable_free = sum(1 for b in cached if self._blocks[b].ref_count == 0)
         fresh = self.blocks_needed(len(token_ids)) - len(cached)
         if fresh > self.free_blocks - reusable_free:
             return None
-        seq = SequenceBlocks(list(token_ids))
+        seq = SequenceBlocks(list(token_ids), cache_salt=cache_salt)
         for block_id in cached:
             self._hold(block_id)
             seq.blocks.append(block_id)
@@ -168,7 +170,7 @@ class BlockManager:
         the sequence's chain and enter them in the cache. A block whose
         contents another block already caches (two sequences computed the
         same prefix at once) stays private; the chain goes on regardless."""
-        parent = seq.chain[-1] if seq.chain else ROOT_HASH
+        parent = seq.chain[-1] if seq.chain else prefix_root(seq.cache_salt)
         tokens = seq.token_ids[first * self.block_size : last * self.block_size]
         stored: list[int] = []
         for i, h in enumerate(block_hashes(tokens, self.block_size, parent)):
@@ -187,7 +189,13 @@ class BlockManager:
                 block_parent = seq.chain[first + start_i - 1] if first + start_i > 0 else None
                 span = tokens[start_i * self.block_size : (run[-1] + 1) * self.block_size]
                 self._events.append(
-                    BlockStored(tuple(seq.chain[first + j] for j in run), block_parent, tuple(span), self.block_size)
+                    BlockStored(
+                        tuple(seq.chain[first + j] for j in run),
+                        block_parent,
+                        tuple(span),
+                        self.block_size,
+                        seq.cache_salt if block_parent is None else None,
+                    )
                 )
                 run = []
             if i is not None:

@@ -51,6 +51,7 @@ class SimRequest:
     prompt: list[int]
     max_tokens: int
     hold_for_transfer: bool = False  # prefill role: keep KV after the first token
+    cache_salt: str | None = None  # vLLM's: the prompt's cached blocks are keyed under it
     transfer_done_at: float | None = None  # decode of a remote prefill: KV arrives then
     state: State = State.WAITING
     seq: SequenceBlocks | None = None
@@ -189,7 +190,7 @@ class SimCore:
             budget -= self._plan(plan, req, budget)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            seq = self.blocks.allocate(req.prompt + req.generated)
+            seq = self.blocks.allocate(req.prompt + req.generated, req.cache_salt)
             if seq is None:
                 break
             self.waiting.popleft()
@@ -271,7 +272,7 @@ class SimCore:
     def _land_transfers(self) -> None:
         """Transfers whose KV has arrived: their prompts become computed blocks."""
         for req in [r for r in self.transferring if r.transfer_done_at <= self.now]:
-            seq = self.blocks.allocate(req.prompt)
+            seq = self.blocks.allocate(req.prompt, req.cache_salt)
             if seq is None:
                 continue  # no room yet: it stays in transit
             self.transferring.remove(req)

@@ -191,6 +191,23 @@ def test_prompt_logprobs_and_an_echo_with_logprobs_are_the_same_disaggregated_an
     assert whole["text"].startswith(prompt[:40])
 
 
+@pytest.mark.parametrize("app", ["agg", "disagg"])
+def test_a_cache_salt_shares_the_prefix_cache_only_with_its_own_salt(apps, app):
+    prompt = text_prompt(700, seed=611)
+
+    def cached(**extra) -> int:
+        body = {"model": MODEL, "prompt": prompt, "max_tokens": 2, "temperature": 0, **extra}
+        return post_json(apps, app, "/v1/completions", body)["usage"]["prompt_tokens_details"]["cached_tokens"]
+
+    first, took = taken(apps, app, lambda: cached(cache_salt="tenant-a"))
+    assert first == 0
+    if app == "disagg":
+        assert took == REMOTE  # the salted prompt crossed to the decode replica by NIXL
+    assert cached(cache_salt="tenant-a") > 0
+    assert cached(cache_salt="tenant-b") == 0
+    assert cached() == 0
+
+
 def test_the_openai_sdk_drives_every_parameter(apps):
     client = openai.OpenAI(base_url=apps.url("disagg", "/v1"), api_key="none", max_retries=0)
     many = client.completions.create(
@@ -236,6 +253,7 @@ def test_the_openai_sdk_drives_every_parameter(apps):
             "return_tokens_as_token_ids": True,
             "return_token_ids": True,
             "priority": 0,
+            "cache_salt": "sdk-tenant",
         },
     )
     assert named.id == "cmpl-sdk-1"

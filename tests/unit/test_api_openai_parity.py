@@ -317,6 +317,19 @@ def test_priority_other_than_zero_and_beam_search_are_refused_naming_the_field()
     assert _chat(fe, max_tokens=1, chat_template="{{ messages }}").json()["error"]["param"] == "chat_template"
 
 
+def test_cache_salt_reaches_the_prefill_and_the_decode_engine_and_a_bad_one_gets_vllms_400():
+    fe = make_frontend()
+    assert _completion(fe, prompt="a b c d", max_tokens=2, n=2, cache_salt="tenant-a").status_code == 200
+    assert _chat(fe, max_tokens=1, cache_salt="tenant-b").status_code == 200
+    sent = fe.prefill.prefills + fe.decode.generates
+    assert [r.cache_salt for r in fe.prefill.prefills] == ["tenant-a", "tenant-b"]
+    assert [r.cache_salt for r in fe.decode.generates] == ["tenant-a", "tenant-a", "tenant-b"] and len(sent) == 5
+    for bad in ("", "a/b", "x" * 129):
+        r = _completion(fe, prompt="a", max_tokens=1, cache_salt=bad)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "cache_salt"
+        assert "Parameter 'cache_salt' must be" in r.json()["error"]["message"]
+
+
 def test_truncation_side_right_keeps_the_prompts_first_tokens():
     fe = make_frontend(disaggregated=False)
     _completion(fe, prompt=[11, 12, 13, 14], max_tokens=1, truncate_prompt_tokens=2, truncation_side="right")

@@ -47,11 +47,12 @@ def scheduler(clock=None, **routing):
     return KvAwareScheduler(RoutingConfig(**routing), BS, clock=clock or Clock(), rng=random.Random(0))
 
 
-def hold(sched, replica, tokens):
-    """The replica's engine reports the prompt's full blocks as stored."""
+def hold(sched, replica, tokens, cache_salt=None):
+    """The replica's engine reports the prompt's full blocks as stored (hashed under `cache_salt`)."""
     n = len(tokens) // BS
     sched.index.apply(
-        replica, [BlockStored(tuple(f"{replica}-{i}" for i in range(n)), None, tuple(tokens[: n * BS]), BS)]
+        replica,
+        [BlockStored(tuple(f"{replica}-{i}" for i in range(n)), None, tuple(tokens[: n * BS]), BS, cache_salt)],
     )
 
 
@@ -83,6 +84,22 @@ def test_a_shared_prefix_goes_where_its_blocks_live():
     route = s.route_request(request(shared + prompt(20, seed=5)), [], views("d0", "d1", "d2"))
     assert route.decode_replica == "d1"
     assert route.predicted_cached_tokens == 160
+
+
+def test_a_salted_prefix_is_found_only_by_requests_with_the_same_salt():
+    s = scheduler(local_prefill_max_tokens=10_000)
+    shared = prompt(160)
+    hold(s, "d1", shared, cache_salt="tenant-a")
+    hold(s, "d2", shared)
+
+    def route(cache_salt):
+        r = EngineRequest("r", tuple(shared + prompt(20, seed=5)), SamplingSpec(max_tokens=8), cache_salt=cache_salt)
+        return s.route_request(r, [], views("d0", "d1", "d2"))
+
+    salted, plain, other = route("tenant-a"), route(None), route("tenant-b")
+    assert (salted.decode_replica, salted.predicted_cached_tokens) == ("d1", 160)
+    assert (plain.decode_replica, plain.predicted_cached_tokens) == ("d2", 160)
+    assert other.predicted_cached_tokens == 0
 
 
 def test_load_outweighs_a_small_overlap():

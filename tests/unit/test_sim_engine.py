@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from orchestrator.engines.adapter import EngineSpec
 from orchestrator.engines.base import EngineRequestRejected, EngineRole
 from orchestrator.engines.sim_engine import SimEngine, kv_capacity_blocks, perf_model
 from orchestrator.engines.vllm_kv_events import decode_batch
-from orchestrator.kv.hashing import block_hashes
+from orchestrator.kv.hashing import block_hashes, prefix_root
 from orchestrator.kv.index import KVIndex
 from orchestrator.kv.ingest import KVEventIngest
 from orchestrator.messages import EngineRequest, FinishReason, SamplingSpec
@@ -103,6 +104,34 @@ def test_a_repeated_prompt_is_a_prefix_cache_hit(tmp_path):
         return second
 
     assert asyncio.run(run())[0].num_cached_tokens == 48  # 3 full blocks; the last block is recomputed
+
+
+def test_a_salted_prompt_reuses_only_its_own_salts_cache_and_its_events_say_which(tmp_path):
+    async def run():
+        engine = make_engine(tmp_path, publish=True)
+        info = await engine.start()
+        context = zmq.asyncio.Context()
+        sub = context.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(info.kv_events_endpoint)
+        await asyncio.sleep(0.2)  # the subscription reaches the publisher
+        cached = []
+        for rid, salt in (("a", "s1"), ("b", "s1"), ("c", "s2"), ("d", None)):
+            chunks = await collect(engine, replace(request(rid, prompt(64), 2), cache_salt=salt))
+            cached.append(chunks[0].num_cached_tokens)
+        ingest = KVEventIngest(KVIndex())
+        while ingest.index.overlaps(block_hashes(prompt(64), BLOCK)) == {}:  # the unsalted prompt's batch is last
+            _, seq, payload = await asyncio.wait_for(sub.recv_multipart(), 5)
+            ingest.on_batch("r0", decode_batch(seq, payload), can_replay=False)
+        engine.shutdown()
+        context.destroy(linger=0)
+        return cached, ingest.index
+
+    cached, index = asyncio.run(run())
+    assert cached == [0, 48, 0, 0]
+    for salt in ("s1", "s2", None):
+        assert index.overlaps(block_hashes(prompt(64), BLOCK, prefix_root(salt))) == {"r0": 4}
+    assert index.overlaps(block_hashes(prompt(64), BLOCK, prefix_root("s3"))) == {}
 
 
 def test_cancelling_a_stream_aborts_the_request_and_frees_its_blocks(tmp_path):

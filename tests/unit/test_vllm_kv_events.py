@@ -8,7 +8,7 @@ import vllm.distributed.kv_events as kv_events
 
 from orchestrator.engines.vllm_kv_events import MalformedEvents, decode_batch
 from orchestrator.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
-from orchestrator.kv.hashing import block_hashes
+from orchestrator.kv.hashing import block_hashes, prefix_root
 from orchestrator.kv.index import KVIndex
 
 
@@ -45,6 +45,32 @@ def test_vllm_encoded_batches_decode_into_index_events():
         BlockRemoved((11,)),
         AllBlocksCleared(),
     )
+
+
+def test_a_salted_prompts_first_block_carries_its_salt_into_the_index():
+    """vLLM publishes the cache_salt among the first block's extra keys (after the LoRA name, if any)."""
+    from vllm.v1.core.kv_cache_utils import to_event_extra_keys
+
+    def salted(hashes, parent, lora_name=None):
+        first = ([("lora", lora_name)] if lora_name else []) + ([("cache_salt", "s1")] if parent is None else [])
+        keys = [tuple(first) or None] + [None] * (len(hashes) - 1)
+        return kv_events.BlockStored(
+            block_hashes=hashes,
+            parent_block_hash=parent,
+            token_ids=list(range(32 * len(hashes))),
+            block_size=32,
+            lora_id=None,
+            medium=kv_events.MEDIUM_GPU,
+            lora_name=lora_name,
+            extra_keys=to_event_extra_keys(keys),
+        )
+
+    events = decode_batch(bytes(8), _encode([salted([11, 12], None), salted([21], None, "adapter")])).events
+    assert [e.cache_salt for e in events] == ["s1", "s1"]
+    index = KVIndex()
+    index.apply("d0", events[:1])
+    assert index.overlaps(block_hashes(list(range(64)), 32, prefix_root("s1"))) == {"d0": 2}
+    assert index.overlaps(block_hashes(list(range(64)), 32)) == {}
 
 
 def test_a_block_held_only_in_host_memory_is_no_hit():
