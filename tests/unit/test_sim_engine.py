@@ -59,6 +59,18 @@ async def collect(engine: SimEngine, req: EngineRequest):
     return [chunk async for chunk in engine.generate(req)]
 
 
+async def publishing_engine(tmp_path: Path):
+    """A started engine publishing KV events, and a subscriber already receiving them."""
+    engine = make_engine(tmp_path, publish=True)
+    info = await engine.start()
+    context = zmq.asyncio.Context()
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(info.kv_events_endpoint)
+    await asyncio.sleep(0.2)  # the subscription reaches the publisher
+    return engine, info, context, sub
+
+
 def test_roofline_capacity_is_what_the_gpu_holds_beside_the_weights():
     cfg = SimEngineConfig(kind="sim", gpu="H100", model="llama-3.1-8b")
     blocks = kv_capacity_blocks(cfg, perf_model(cfg), 16)
@@ -108,13 +120,7 @@ def test_a_repeated_prompt_is_a_prefix_cache_hit(tmp_path):
 
 def test_a_salted_prompt_reuses_only_its_own_salts_cache_and_its_events_say_which(tmp_path):
     async def run():
-        engine = make_engine(tmp_path, publish=True)
-        info = await engine.start()
-        context = zmq.asyncio.Context()
-        sub = context.socket(zmq.SUB)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(info.kv_events_endpoint)
-        await asyncio.sleep(0.2)  # the subscription reaches the publisher
+        engine, info, context, sub = await publishing_engine(tmp_path)
         cached = []
         for rid, salt in (("a", "s1"), ("b", "s1"), ("c", "s2"), ("d", None)):
             chunks = await collect(engine, replace(request(rid, prompt(64), 2), cache_salt=salt))
@@ -191,13 +197,7 @@ def test_prefill_hands_off_to_decode_which_waits_for_the_modelled_transfer(tmp_p
 
 def test_kv_events_reach_the_index_through_vllms_wire_format(tmp_path):
     async def run():
-        engine = make_engine(tmp_path, publish=True)
-        info = await engine.start()
-        context = zmq.asyncio.Context()
-        sub = context.socket(zmq.SUB)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.connect(info.kv_events_endpoint)
-        await asyncio.sleep(0.2)  # the subscription reaches the publisher
+        engine, info, context, sub = await publishing_engine(tmp_path)
         await collect(engine, request("a", prompt(64), 2))
         ingest = KVEventIngest(KVIndex())
         topic, seq, payload = await asyncio.wait_for(sub.recv_multipart(), 5)
