@@ -38,7 +38,7 @@ class ModelConfig(_Strict):
     max_model_len: PositiveInt
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     seed: int = 0
-    tool_call_parser: Literal["hermes", "llama3_json", "llama4_json"] | None = Field(
+    tool_call_parser: Literal["hermes", "llama3_json", "llama4_json", "pythonic"] | None = Field(
         default=None,
         description='The model\'s tool-call format, for tool_choice "auto" (orchestrator/api/tool_parsers.py); '
         'None: "auto" is a 400, as vLLM without --tool-call-parser.',

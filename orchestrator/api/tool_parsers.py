@@ -18,10 +18,18 @@ holding back any suffix that could be the start of one.
             does not parse or lacks a name leaves the whole text as content.
             Streamed, an output that does not begin with the tag or "{" is
             content as it comes, as in vLLM)
+    pythonic: [get_weather(city="Oslo", days=3), get_time()]
+            (Llama 3.2 and 4, ToolACE; as vLLM's PythonicToolParser,
+            vllm/tool_parsers/pythonic_tool_parser.py and utils.py: the whole
+            output matches its pattern and parses as a Python list of calls with
+            literal keyword arguments (tuples and sets become lists, null / true /
+            false are read as JSON's, dotted names kept); anything else is
+            content. Streamed, an output that does not begin with "[" is content)
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 import uuid
@@ -121,10 +129,108 @@ class Llama3JsonParser:
         return 0 if self.bot_token.startswith(text) else len(text)
 
 
+_IDENTIFIER = re.compile(r"[a-zA-Z]\w*")
+_CLOSE = re.compile(r"\)\s*\]")
+_BLANKS = re.compile(r"\s*")
+
+
+def _looks_pythonic(text: str) -> bool:
+    """Whether vLLM's PythonicToolParser.TOOL_CALL_REGEX matches at the start of `text`, decided in one pass.
+
+    That pattern nests `.*` under repeats and backtracks exponentially on a long output that almost matches
+    (20 arguments: ~1 s; vLLM bounds it with a timeout); on this server it would stall the event loop.
+    What it accepts: "[" then calls `name(` (names start with a letter); a call with no arguments `name()`
+    is followed by "," and blanks (only while no call so far was followed by blanks alone) or by blanks,
+    and the list may end there with "]"; a call whose arguments begin `name=` can absorb everything up to
+    any later ")" + blanks + "]", so the text matches iff one follows.
+    (tests/unit/test_tool_parsers.py checks this against vLLM's pattern on generated texts.)"""
+    if not text.startswith("["):
+        return False
+    pos, commas = 1, True
+    while (name := _IDENTIFIER.match(text, pos)) and text.startswith("(", name.end()):
+        pos = name.end() + 1
+        argument = _IDENTIFIER.match(text, pos)
+        if argument and text.startswith("=", argument.end()):
+            return _CLOSE.search(text, argument.end()) is not None
+        if not text.startswith(")", pos):
+            return False
+        pos += 1
+        if commas and text.startswith(",", pos):
+            pos = _BLANKS.match(text, pos + 1).end()
+            continue
+        commas = False
+        pos = _BLANKS.match(text, pos).end()
+        if text.startswith("]", pos):
+            return True
+    return False
+
+
+_JSON_NAMES = {"null": None, "true": True, "false": False}
+
+
+def _literal(node: ast.expr) -> Any:
+    """A keyword argument's value as vLLM's `get_parameter_value` reads it; ValueError for anything else."""
+    if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (str, int, float))):
+        return node.value
+    if isinstance(node, ast.Dict) and all(isinstance(k, ast.Constant) for k in node.keys):
+        return {k.value: _literal(v) for k, v in zip(node.keys, node.values)}  # type: ignore[union-attr]
+    if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+        return [_literal(v) for v in node.elts]
+    if isinstance(node, ast.JoinedStr) and all(isinstance(part, ast.Constant) for part in node.values):
+        return "".join(str(part.value) for part in node.values)  # type: ignore[attr-defined]
+    if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
+        return _JSON_NAMES[node.id]
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        operand = _literal(node.operand)
+        if isinstance(operand, (int, float)) and not isinstance(operand, bool):
+            return -operand if isinstance(node.op, ast.USub) else operand
+    raise ValueError(f"not a literal: {ast.dump(node)[:80]}")
+
+
+def _dotted_name(node: ast.expr) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        raise ValueError("a call's name must be a name or a dotted name")
+    return ".".join([node.id, *reversed(parts)])
+
+
+@dataclass(frozen=True)
+class PythonicParser:
+    keeps_special_tokens: bool = False
+
+    def parse(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+        if not _looks_pythonic(text):
+            return text, []
+        try:
+            listed = getattr(ast.parse(text).body[0], "value", None)
+            if not isinstance(listed, ast.List) or not all(isinstance(e, ast.Call) for e in listed.elts):
+                return text, []
+            calls = [
+                tool_call(
+                    _dotted_name(call.func),
+                    json.dumps({kw.arg: _literal(kw.value) for kw in call.keywords}, ensure_ascii=False),
+                )
+                for call in listed.elts
+            ]
+        except (SyntaxError, ValueError, IndexError, RecursionError):
+            return text, []
+        return "", calls
+
+    def start(self, text: str) -> int | None:
+        return 0 if text.startswith("[") else None
+
+    def safe_prefix(self, text: str) -> int:
+        return len(text)
+
+
 PARSERS: dict[str, ToolCallParser] = {
     "hermes": HermesParser(),
     "llama3_json": Llama3JsonParser(),
     "llama4_json": Llama3JsonParser(),
+    "pythonic": PythonicParser(),
 }
 
 

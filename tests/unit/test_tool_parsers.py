@@ -4,14 +4,16 @@ Hermes2ProToolParser on the same outputs, and "auto" through the API, whole and 
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 from transformers import AutoTokenizer
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 from vllm.tool_parsers.llama_tool_parser import Llama3JsonToolParser
+from vllm.tool_parsers.pythonic_tool_parser import PythonicToolParser
 
-from orchestrator.api.tool_parsers import parser
+from orchestrator.api.tool_parsers import _looks_pythonic, parser
 from orchestrator.tiny_model import make_tiny_model
 from tests.factories import FakePool, chat, json_events, make_frontend
 
@@ -42,6 +44,22 @@ LLAMA_OUTPUTS = [
 ]
 
 
+# The pythonic format (Llama 3.2's model card, "Tool calling, zero-shot function calling": a Python list of calls
+# with keyword arguments; vLLM's examples/tool_chat_template_llama3.2_pythonic.jinja asks for it).
+PYTHONIC_OUTPUTS = [
+    "The weather is fine.",
+    "[get_weather(city='Oslo')]",
+    '[get_weather(city="Oslo", days=3), get_time()]',
+    "[get_time(), get_weather(city='Oslo', opts={'unit': 'c'}, flags=[true, null], at=(1, 2), n=-1.5)]",
+    "[get_weather(city=f'Oslo', tags={'a'})]",
+    "[get_weather(city='Ro",  # cut by length: content
+    "Sure: [get_time()]",  # not at the start: content
+    "[1, 2]",  # not calls: content
+    "[get_weather('Oslo')]",  # positional argument: content
+    "[get_weather(city=some_variable)]",  # not a literal: content
+]
+
+
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path_factory.mktemp("tiny")))
@@ -49,10 +67,15 @@ def tokenizer(tmp_path_factory):
     return tokenizer
 
 
-VLLM_PARSERS = {"hermes": Hermes2ProToolParser, "llama3_json": Llama3JsonToolParser}
+VLLM_PARSERS = {"hermes": Hermes2ProToolParser, "llama3_json": Llama3JsonToolParser, "pythonic": PythonicToolParser}
 
 
-@pytest.mark.parametrize("name, text", [("hermes", t) for t in OUTPUTS] + [("llama3_json", t) for t in LLAMA_OUTPUTS])
+@pytest.mark.parametrize(
+    "name, text",
+    [("hermes", t) for t in OUTPUTS]
+    + [("llama3_json", t) for t in LLAMA_OUTPUTS]
+    + [("pythonic", t) for t in PYTHONIC_OUTPUTS],
+)
 def test_each_parser_reads_what_vllms_parser_of_its_name_reads(tokenizer, name, text):
     request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}])
     theirs = VLLM_PARSERS[name](tokenizer).extract_tool_calls(text, request)
@@ -79,6 +102,45 @@ def test_llama3_json_streams_content_unless_the_output_opens_with_a_call():
     events = json_events(_chat(fe, max_tokens=8, tools=TOOLS, stream=True))
     assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == "".join(prose)
     assert not any("tool_calls" in e["choices"][0]["delta"] for e in events)
+
+
+def test_the_pythonic_shape_check_accepts_what_vllms_pattern_accepts_in_one_pass():
+    """vLLM's pattern backtracks exponentially; ours decides the same in one pass (generated short texts, where
+    the pattern is still quick), and a long almost-matching output is decided at once."""
+    rng = random.Random(0)
+
+    def text() -> str:  # 1-3 calls, names, arguments, separators and endings of every kind; a third cut somewhere
+        arguments = ["", "a=1", "a=1, b=2", "a=1,", "a=(1)", "1", "a = 1", "a=1 "]
+        calls = [
+            rng.choice(["f", "g", "_h", "f1", "é"]) + f"({rng.choice(arguments)})" for _ in range(rng.randint(1, 3))
+        ]
+        out = "[" + "".join(c + rng.choice([", ", ",", " ", "", " ,"]) for c in calls[:-1]) + calls[-1]
+        out += rng.choice(["]", " ]", "\n]", "", "] x", ")]"])
+        cut = rng.randrange(len(out))
+        return out[:cut] + out[cut + 1 :] if rng.random() < 0.3 else out
+
+    texts = [text() for _ in range(3000)]
+    theirs = [PythonicToolParser.TOOL_CALL_REGEX.match(t) is not None for t in texts]
+    assert [_looks_pythonic(t) for t in texts] == theirs and 500 < sum(theirs) < 2500
+    assert not _looks_pythonic("[f(" + "a=1, " * 10_000 + "x")
+
+
+def test_pythonic_streams_content_unless_the_output_opens_with_a_list():
+    calls = ("[get_weather(", "city='Oslo'), get_time()]")
+    fe = make_frontend(decode=FakePool("decode_pool", script=calls), tool_call_parser="pythonic")
+    events = json_events(_chat(fe, max_tokens=8, tools=TOOLS, stream=True))
+    deltas = [e["choices"][0]["delta"] for e in events[1:]]
+    assert not any(d.get("content") for d in deltas)
+    (sent,) = [d["tool_calls"] for d in deltas if "tool_calls" in d]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in sent] == [
+        ("get_weather", '{"city": "Oslo"}'),
+        ("get_time", "{}"),
+    ]
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+    prose = ("Call ", "[get_time()]")
+    fe = make_frontend(decode=FakePool("decode_pool", script=prose), tool_call_parser="pythonic")
+    events = json_events(_chat(fe, max_tokens=8, tools=TOOLS, stream=True))
+    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == "".join(prose)
 
 
 def test_a_partial_tag_is_held_back_until_it_is_known():
