@@ -57,6 +57,29 @@ SYSTEMS = [
 
 OURS_ROUTING: dict = {}  # --ours-routing overrides for experiments
 
+# What each of our rows claims, checked from the app's own counters around its run (the row's `path`):
+# every request routed aggregated (4 replicas, no prefill pool); engine KV events applied only where the row
+# follows them; cached tokens predicted (from events or route memory) only by the KV-aware rows.
+PATH_COUNTERS = {
+    "orchestrator_route_decisions_total": ("kind",),
+    "orchestrator_kv_event_batches_total": (),
+    "orchestrator_predicted_cached_prompt_tokens_total": (),
+}
+
+
+def path_problem(system: str, path: dict[str, float], sent: int) -> str | None:
+    """None if the counters `path` gained over a run of `sent` requests are what `system` claims; else what is not."""
+    routes = {k: v for k, v in path.items() if k.startswith("orchestrator_route_decisions_total")}
+    if routes.keys() != {"orchestrator_route_decisions_total{kind=aggregated}"} or sum(routes.values()) < sent:
+        return f"routes {routes}, expected {sent} aggregated"
+    events = path.get("orchestrator_kv_event_batches_total", 0) > 0
+    if events != (system == "ours-kv-events"):
+        return f"KV event batches applied: {events}"
+    predicted = path.get("orchestrator_predicted_cached_prompt_tokens_total", 0) > 0
+    if predicted != (system != "ours-round-robin"):
+        return f"cached tokens predicted: {predicted}"
+    return None
+
 
 def _ours(routing: dict, kv_cache_gib: float):
     overrides = {
@@ -138,6 +161,7 @@ def main() -> None:
     )
     if args.merge and Path(args.out).exists():
         doc = json.loads(Path(args.out).read_text())
+    wrong_path: list[str] = []
     for name in args.workloads.split(","):
         description, specs, time_scale, kv_gib = workload(name, pool, args)
         previous = doc["workloads"].get(name)
@@ -151,12 +175,19 @@ def main() -> None:
                 with start(system, logs / f"{name}-{system}.log", kv_gib) as url:
                     target = Target(url, "tiny-llama", detokenize=lambda ids: tokenizer.decode(list(ids)))
                     asyncio.run(warm_up(target, warmups))
+                    ours = system.startswith("ours-")
+                    before = launch.counters(url, PATH_COUNTERS) if ours else None
                     result = asyncio.run(run_trace(target, specs, time_scale, 1.0, slo))
+                    path = launch.increments(before, launch.counters(url, PATH_COUNTERS)) if ours else None
             except Exception as e:  # a peer that cannot run here is reported, not fatal
                 print(f"{system} failed: {type(e).__name__}: {e}", flush=True)
                 results[system] = {"error": f"{type(e).__name__}: {e}"}
                 continue
             results[system] = result.to_dict() | {"wall_s": time.time() - started}
+            if path is not None:
+                results[system] |= {"path": path, "path_problem": path_problem(system, path, result.sent)}
+                if results[system]["path_problem"]:
+                    wrong_path.append(f"{name}/{system}: {results[system]['path_problem']}")
             r = result
             print(
                 f"{system}: ttft p50 {r.ttft_ms['p50']:.1f} p99 {r.ttft_ms['p99']:.1f} ms, "
@@ -166,6 +197,8 @@ def main() -> None:
         doc["workloads"][name] = {"workload": description, "kv_cache_gib_per_replica": kv_gib, "results": results}
         report.write_json(args.out, doc)  # after each workload: a later failure keeps this one's results
     report.write(args.out, doc, markdown, plot)
+    if wrong_path:
+        sys.exit("rows whose requests did not take the path they name:\n" + "\n".join(wrong_path))
 
 
 def markdown(doc: dict) -> str:

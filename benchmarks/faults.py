@@ -78,24 +78,6 @@ def wait_replicas(url: str, decode: int, prefill: int, gone: str | None = None, 
     launch.wait_until(replaced, "replicas replaced", timeout_s)
 
 
-def counters(url: str) -> dict[str, float]:
-    """The frontend's counters in COUNTERS, one key per label set ("name{a=b}")."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    values: dict[str, float] = {}
-    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
-        for sample in family.samples:
-            if sample.name in COUNTERS:
-                labels = ",".join(f"{k}={sample.labels.get(k, '')}" for k in COUNTERS[sample.name])
-                key = f"{sample.name}{{{labels}}}" if labels else sample.name
-                values[key] = values.get(key, 0.0) + sample.value
-    return values
-
-
-def counted(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
-    return {k: after[k] - before.get(k, 0.0) for k in sorted(after) if after[k] - before.get(k, 0.0)}
-
-
 def busiest(url: str, pool: str) -> dict:
     replicas = pools(url)[pool]
     return max(replicas, key=lambda r: (r["stats"] or {}).get("num_running", 0))
@@ -168,7 +150,7 @@ def run_scenarios(url: str, scenarios: list[str], workload, args, decode: int, p
         start = first + i * args.requests
         specs = workload.requests(start + args.requests)[start:]
         print(f"== {scenario}", flush=True)
-        before = counters(url)
+        before = launch.counters(url, COUNTERS)
         records, duration, hit, hit_replica, in_flight = asyncio.run(
             scenario_run(url, scenario, specs, args.concurrency, args.inject_after_s, args.hang_s)
         )
@@ -177,7 +159,7 @@ def run_scenarios(url: str, scenarios: list[str], workload, args, decode: int, p
             "in_flight_at_injection": in_flight,
             "duration_s": duration,
             **tally(records, specs),
-            "frontend_counters": counted(before, counters(url)),
+            "frontend_counters": launch.increments(before, launch.counters(url, COUNTERS)),
         }
         print(json.dumps(results[scenario]), flush=True)
     wait_replicas(url, decode=decode, prefill=prefill, gone=hit_replica)  # the next app starts on a whole pool

@@ -105,6 +105,26 @@ def wait_healthy(
     )
 
 
+def counters(url: str, names: Mapping[str, Sequence[str]]) -> dict[str, float]:
+    """Our app's counters `names` (name -> the labels its series are told apart by; others are summed), one key
+    per series: "name{a=b}", or the bare name when it has none."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    values: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(f"{url}/metrics", timeout=10).text):
+        for sample in family.samples:
+            if sample.name in names:
+                labels = ",".join(f"{k}={sample.labels.get(k, '')}" for k in names[sample.name])
+                key = f"{sample.name}{{{labels}}}" if labels else sample.name
+                values[key] = values.get(key, 0.0) + sample.value
+    return values
+
+
+def increments(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """What each counter series gained between two `counters` reads (series that gained nothing left out)."""
+    return {k: after[k] - before.get(k, 0.0) for k in sorted(after) if after[k] - before.get(k, 0.0)}
+
+
 def stop(*procs: subprocess.Popen, wait_s: float = 60) -> None:
     """SIGINT to each process's group (all at once), then wait for each; SIGKILL to a group after `wait_s`."""
     for proc in procs:

@@ -52,6 +52,7 @@ PYTHONIC_OUTPUTS = [
     '[get_weather(city="Oslo", days=3), get_time()]',
     "[get_time(), get_weather(city='Oslo', opts={'unit': 'c'}, flags=[true, null], at=(1, 2), n=-1.5)]",
     "[get_weather(city=f'Oslo', tags={'a'})]",
+    "[get_weather(city='Oslo'), tools.get_time()]",  # a dotted name keeps its dots
     "[get_weather(city='Ro",  # cut by length: content
     "Sure: [get_time()]",  # not at the start: content
     "[1, 2]",  # not calls: content
