@@ -38,10 +38,12 @@ class ModelConfig(_Strict):
     max_model_len: PositiveInt
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     seed: int = 0
-    tool_call_parser: Literal["hermes", "llama3_json", "llama4_json", "pythonic"] | None = Field(
+    tool_call_parser: str | None = Field(
         default=None,
-        description='The model\'s tool-call format, for tool_choice "auto" (orchestrator/api/tool_parsers.py); '
-        'None: "auto" is a 400, as vLLM without --tool-call-parser.',
+        min_length=1,
+        description='The model\'s tool-call format, for tool_choice "auto": one the frontend reads itself '
+        "(orchestrator/api/tool_parsers.py) or any of the engine's own (vLLM's --tool-call-parser names; "
+        'checked when the app is built); None: "auto" is a 400, as vLLM without --tool-call-parser.',
     )
     reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = Field(
         default=None,

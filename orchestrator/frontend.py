@@ -25,9 +25,8 @@ from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.app import Health
 from orchestrator.api.reasoning_parsers import parser as reasoning_parser
 from orchestrator.api.service import CompletionService, ModelCard
-from orchestrator.api.tool_parsers import parser as tool_parser
 from orchestrator.config import PRIMARY_GROUP, AppConfig
-from orchestrator.engines.adapter import publishes_kv_events
+from orchestrator.engines import publishes_kv_events, tool_call_parser
 from orchestrator.kv.subscriber import KVEventSubscriber
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import PoolClient, ReplicaView
@@ -150,7 +149,7 @@ def build_frontend(
         retry_after_s=frontend.retry_after_s,
         group_paths=paths,
         shape_router=routing.shape_router,
-        tool_parser=tool_parser(config.model.tool_call_parser) if config.model.tool_call_parser else None,
+        tool_parser=tool_call_parser(config, tokenizer),
         reasoning_parser=reasoning_parser(config.model.reasoning_parser) if config.model.reasoning_parser else None,
         wall_clock=wall_clock,
         **({"new_id": new_id} if new_id is not None else {}),

@@ -30,6 +30,7 @@ from orchestrator.messages import (
 )
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import ReplicaView
+from orchestrator.prompts import Tokenizer
 
 MODEL = "test-model"
 
@@ -191,10 +192,12 @@ def make_frontend(
     api_key: str | None = None,
     tool_call_parser: str | None = None,
     reasoning_parser: str | None = None,
+    engine_kind: str = "sim",
+    tokenizer: Tokenizer | None = None,
 ) -> Frontend:
     decode = decode or FakePool("decode_pool")
     prefill = (prefill or FakePool("prefill_pool")) if disaggregated else None
-    engine = {"engine": {"kind": "sim"}}
+    engine = {"engine": {"kind": engine_kind}}
     config = AppConfig.model_validate(
         {
             "model": {
@@ -221,7 +224,7 @@ def make_frontend(
     parts = build_frontend(
         config,
         {PRIMARY_GROUP: PoolGroup(decode, prefill)},
-        WordTokenizer(),
+        tokenizer or WordTokenizer(),
         created=0,
         wall_clock=lambda: 1_700_000_000.0,
         new_id=lambda: f"req{next(ids)}",

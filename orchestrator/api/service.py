@@ -875,16 +875,18 @@ class _ChoiceState:
         if self.call_at is None:
             self.call_at = tools.parser.start(text)
         calls = None
+        content = text  # the answer's content as far as it is known; text[:end] of it may be sent
         if finished and self.call_at is not None:
             content, calls = tools.message(text)
-            end = len(text) if calls is None else len(content)
+            end = len(content)
         elif finished:
             end = len(text)
         else:
             end = self.call_at if self.call_at is not None else tools.parser.safe_prefix(text)
         delta: dict[str, Any] = {}
-        if end > self.sent_chars:
-            delta["content"] = text[self.sent_chars : end]
+        # A parser's content is the text before its first call; one that trims it leaves nothing more to send.
+        if end > self.sent_chars and (content is text or content.startswith(text[: self.sent_chars])):
+            delta["content"] = content[self.sent_chars : end]
             self.sent_chars = end
         if calls:
             delta["tool_calls"] = [{"index": k, **call} for k, call in enumerate(calls)]

@@ -1,9 +1,11 @@
 """Tool calls read from a model's free text (`tool_choice: "auto"`), by the
 format the model was trained on, named in the config (`model.tool_call_parser`).
 
-A registry keyed by format name. Each parser reads a whole output into
-(content, calls) and, streamed, lets content through until a call begins,
-holding back any suffix that could be the start of one.
+A registry keyed by format name: the formats below are read here; any other
+name is looked up in the engine's own registry (vLLM's `--tool-call-parser`
+names, orchestrator/engines/vllm_tool_parsers.py). Each parser reads a whole
+output into (content, calls) and, streamed, lets content through until a call
+begins, holding back any suffix that could be the start of one.
 
     hermes: content <tool_call>{"name": ..., "arguments": {...}}</tool_call> ...
             (Hermes 2 Pro, Qwen 2.5 / Qwen 3; as vLLM's `hermes` parser,
@@ -33,10 +35,12 @@ import ast
 import json
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from orchestrator.api.partial_tags import held_back
+from orchestrator.api.protocol import Tool
 
 
 def tool_call(name: str, arguments: str) -> dict[str, Any]:
@@ -52,8 +56,9 @@ class ToolCallParser(Protocol):
     # Tags of the format are special tokens in some tokenizers: the engine must keep them in the text.
     keeps_special_tokens: bool
 
-    def parse(self, text: str) -> tuple[str, list[dict[str, Any]]]:
-        """(content, tool calls) of a whole output; no calls when it holds none that parse."""
+    def parse(self, text: str, tools: Sequence[Tool]) -> tuple[str, list[dict[str, Any]]]:
+        """(content, tool calls) of a whole output, given the request's tools (some formats read
+        argument types from their schemas); no calls when it holds none that parse."""
         ...
 
     def start(self, text: str) -> int | None:
@@ -82,7 +87,7 @@ class HermesParser:
             calls.append(tool_call(call["name"], json.dumps(call["arguments"], ensure_ascii=False)))
         return calls
 
-    def parse(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+    def parse(self, text: str, tools: Sequence[Tool] = ()) -> tuple[str, list[dict[str, Any]]]:
         begin = self.start(text)
         if begin is None:
             return text, []
@@ -104,7 +109,7 @@ class Llama3JsonParser:
     bot_token: str = "<|python_tag|>"
     keeps_special_tokens: bool = False  # vLLM's parser leaves the engine's default (the tag may be skipped)
 
-    def parse(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+    def parse(self, text: str, tools: Sequence[Tool] = ()) -> tuple[str, list[dict[str, Any]]]:
         if self.bot_token not in text and "{" not in text:
             return text, []
         decoder = json.JSONDecoder()
@@ -201,7 +206,7 @@ def _dotted_name(node: ast.expr) -> str:
 class PythonicParser:
     keeps_special_tokens: bool = False
 
-    def parse(self, text: str) -> tuple[str, list[dict[str, Any]]]:
+    def parse(self, text: str, tools: Sequence[Tool] = ()) -> tuple[str, list[dict[str, Any]]]:
         if not _looks_pythonic(text):
             return text, []
         try:
@@ -226,16 +231,10 @@ class PythonicParser:
         return len(text)
 
 
+# The formats read here; any other name is the engine's (orchestrator.engines.tool_call_parser).
 PARSERS: dict[str, ToolCallParser] = {
     "hermes": HermesParser(),
     "llama3_json": Llama3JsonParser(),
     "llama4_json": Llama3JsonParser(),
     "pythonic": PythonicParser(),
 }
-
-
-def parser(name: str) -> ToolCallParser:
-    try:
-        return PARSERS[name]
-    except KeyError:
-        raise ValueError(f"unknown tool-call parser {name!r}; known: {sorted(PARSERS)}") from None

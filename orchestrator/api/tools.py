@@ -34,11 +34,12 @@ class ToolMode:
     named: str | None  # the function a named choice forces
     constraint: StructuredOutput | None  # named and "required": what the output is held to
     parser: ToolCallParser | None = None  # "auto": the model's format, read from free text
+    tools: tuple[Tool, ...] = ()  # "auto": the request's tools, which the parser may read
 
     def message(self, text: str) -> tuple[str, list[dict[str, Any]] | None]:
         """(content, tool calls) of a finished output; calls None when it holds no whole call."""
         if self.parser is not None:
-            content, calls = self.parser.parse(text)
+            content, calls = self.parser.parse(text, self.tools)
             return (content, calls) if calls else (text, None)
         if self.named is not None:
             return "", [tool_call(self.named, text)]
@@ -85,7 +86,7 @@ def tool_mode(
     if choice == "auto":
         if parser is None:
             raise ValueError('tool_choice "auto" needs model.tool_call_parser in the config')
-        return ToolMode(None, None, parser)
+        return ToolMode(None, None, parser, tuple(tools))
     if isinstance(choice, NamedToolChoice):
         tool = next(t for t in tools if t.function.name == choice.function.name)
         schema = tool.function.parameters or _EMPTY_OBJECT

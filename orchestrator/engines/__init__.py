@@ -9,22 +9,29 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from orchestrator.config import AppConfig, PoolConfig
-from orchestrator.engines.adapter import EngineAdapter, EngineSpec, publishes_kv_events
+from orchestrator.engines.adapter import EngineAdapter, EngineSpec, EngineToolParsers, publishes_kv_events
 from orchestrator.engines.base import Engine, EngineRole
 from orchestrator.kv.events import KVEventBatch
+
+if TYPE_CHECKING:
+    from orchestrator.api.tool_parsers import ToolCallParser
+    from orchestrator.prompts import Tokenizer
 
 __all__ = [
     "ADAPTER_MODULES",
     "EngineAdapter",
     "EngineSpec",
     "check_engine_config",
+    "check_tool_call_parser",
     "create_engine",
     "engine_adapter",
     "kv_event_decoder",
     "process_env",
     "publishes_kv_events",
+    "tool_call_parser",
 ]
 
 # Engine kind -> the module whose `ADAPTER` serves it.
@@ -62,3 +69,41 @@ def process_env(app: AppConfig, pool: PoolConfig) -> dict[str, str]:
 def check_engine_config(pool: PoolConfig) -> None:
     """Engine-specific validation of the pool's engine settings at build time."""
     engine_adapter(pool.engine.kind).check_config(pool.engine)
+
+
+def _engine_tool_parsers(app: AppConfig) -> EngineToolParsers | None:
+    """The tool-call formats of the engine that writes the answers (the primary group's decode pool)."""
+    return engine_adapter(app.decode_pool.engine.kind).tool_parsers
+
+
+def check_tool_call_parser(app: AppConfig) -> None:
+    """Build-time check that `model.tool_call_parser` names a format the frontend or the engine reads;
+    ValueError naming the known ones."""
+    from orchestrator.api.tool_parsers import PARSERS
+
+    name = app.model.tool_call_parser
+    if name is None or name in PARSERS:
+        return
+    engine = _engine_tool_parsers(app)
+    known = sorted({*PARSERS, *(engine.names() if engine is not None else ())})
+    if name not in known:
+        raise ValueError(
+            f"model.tool_call_parser {name!r} is not a format of this app's engine "
+            f"({app.decode_pool.engine.kind}); known: {', '.join(known)}"
+        )
+
+
+def tool_call_parser(app: AppConfig, tokenizer: Tokenizer) -> ToolCallParser | None:
+    """The model's tool-call format for `tool_choice: "auto"`: read by the frontend where it has its own
+    reader of that name, else by the engine's own parser; None when the config names none."""
+    from orchestrator.api.tool_parsers import PARSERS
+
+    name = app.model.tool_call_parser
+    if name is None:
+        return None
+    if name in PARSERS:
+        return PARSERS[name]
+    check_tool_call_parser(app)
+    engine = _engine_tool_parsers(app)
+    assert engine is not None  # check_tool_call_parser: a name not ours is the engine's
+    return engine.create(name, tokenizer)

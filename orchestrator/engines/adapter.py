@@ -16,6 +16,8 @@ from orchestrator.kv.events import KVEventBatch
 from orchestrator.placement import ReplicaPlacement
 
 if TYPE_CHECKING:
+    from orchestrator.api.tool_parsers import ToolCallParser
+    from orchestrator.prompts import Tokenizer
     from orchestrator.sim.perf_model import PerfModel
 
 # An engine kind's own settings model (`VllmEngineConfig`, `SimEngineConfig`,
@@ -61,6 +63,16 @@ class PlannerInputs:
 
 
 @dataclass(frozen=True)
+class EngineToolParsers:
+    """An engine's own registry of tool-call formats (vLLM's `--tool-call-parser` names),
+    for the formats the frontend does not read itself (orchestrator/api/tool_parsers.py)."""
+
+    names: Callable[[], list[str]]  # every name the registry knows
+    # (name, the frontend's tokenizer) -> a parser; ValueError for a name it does not know.
+    create: Callable[[str, Tokenizer], ToolCallParser]
+
+
+@dataclass(frozen=True)
 class EngineAdapter:
     """One engine kind's capabilities. The callables take the kind's own
     settings model (`EngineSettings`) and never import the engine library at
@@ -80,6 +92,8 @@ class EngineAdapter:
     # How a prompt's KV gets from a prefill to a decode replica: the two pools
     # of a disaggregated pair must agree on it.
     kv_handoff: KVHandoff = KVHandoff.AFTER_PREFILL
+    # The engine's own tool-call formats; None: only the frontend's own.
+    tool_parsers: EngineToolParsers | None = None
 
 
 def no_config_check(engine: EngineSettings) -> None:

@@ -1,7 +1,9 @@
 """vLLM adapter: one `AsyncLLM` in one pool replica.
 
-The only module that touches vLLM. vLLM is imported inside functions so that
-the application builder can read engine settings without paying for the import.
+With vllm_plugin.py (loaded into vLLM's engine processes) and vllm_tool_parsers.py
+(vLLM's tool-call parsers, in the frontend), the only modules that touch vLLM.
+vLLM is imported inside functions so that the application builder can read
+engine settings without paying for the import.
 
 KV transfer uses vLLM's NixlConnector (pull mode): the prefill engine runs the
 prompt with `do_remote_decode`, keeps the blocks and returns their ids and its
@@ -19,7 +21,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from orchestrator.config import Device, NetworkConfig, VllmEngineConfig
-from orchestrator.engines.adapter import EngineAdapter, EngineSpec, PlannerInputs
+from orchestrator.engines import vllm_tool_parsers
+from orchestrator.engines.adapter import EngineAdapter, EngineSpec, EngineToolParsers, PlannerInputs
 from orchestrator.engines.base import (
     EngineError,
     EngineInfo,
@@ -412,4 +415,5 @@ ADAPTER = EngineAdapter(
     kv_event_decoder=decode_batch,
     placement=per_rank_placement,
     planner_inputs=planner_inputs,
+    tool_parsers=EngineToolParsers(names=vllm_tool_parsers.names, create=vllm_tool_parsers.VllmToolParser),
 )

@@ -201,6 +201,8 @@ def apps(serve_instance, tiny_model) -> ServeApps:
     from deployments.app import build_app
 
     small_kv = {"decode_pool__engine__cpu__kv_cache_gib": 0.25}
+    # A tool-call format only vLLM's own registry reads (tool_choice "auto"; test_openai_parity.py).
+    tool_format = {"model__tool_call_parser": "qwen3_coder"}
     apps = {
         # No route memory: what the index knows comes from the engines' events only.
         "disagg": app_config(
@@ -213,8 +215,9 @@ def apps(serve_instance, tiny_model) -> ServeApps:
             network__kv_handshake_timeout_s=3,
             network__kv_lease_s=10,
             **small_kv,
+            **tool_format,
         ),
-        "agg": app_config("agg-cpu.yaml", tiny_model, **small_kv),
+        "agg": app_config("agg-cpu.yaml", tiny_model, **small_kv, **tool_format),
         "approx": app_config("agg-cpu.yaml", tiny_model, decode_pool__replicas=2, routing__kv_events=False, **small_kv),
         # Block size as the CPU apps', so that the KV-routing checks read alike.
         # Two frontends, each with its own index from the same event streams.

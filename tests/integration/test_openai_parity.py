@@ -134,6 +134,48 @@ def test_a_named_tool_choice_returns_a_call_whose_arguments_validate(apps, app):
     jsonschema.validate(json.loads(call["function"]["arguments"]), WEATHER["function"]["parameters"])
 
 
+# One call in Qwen3-Coder's format (its chat template), which vLLM's qwen3_coder parser reads; the apps
+# name that parser (model.tool_call_parser). It has no regex metacharacters: it is its own pattern.
+QWEN3_CODER_CALL = (
+    "<tool_call>\n<function=get_weather>\n<parameter=unit>\nc\n</parameter>\n"
+    "<parameter=days>\ntrue\n</parameter>\n</function>\n</tool_call>"
+)
+
+
+@pytest.mark.parametrize("app", ["agg", "disagg"])
+def test_auto_reads_a_call_in_the_configured_format_with_vllms_own_parser(apps, app):
+    """A regex holds the random model to one call in the configured format (tool_choice "auto" leaves
+    the output free otherwise); the frontend reads it with vLLM's parser, whole and streamed, the
+    arguments typed by the tool's schema ("true" -> true)."""
+    body = {
+        "model": MODEL,
+        "messages": long_chat(seed=506 + (app == "agg")),
+        "max_tokens": 200,
+        "temperature": 0,
+        "tools": [WEATHER],
+        "tool_choice": "auto",
+        "structured_outputs": {"regex": QWEN3_CODER_CALL},
+    }
+    answer, took = taken(apps, app, lambda: post_json(apps, app, "/v1/chat/completions", body))
+    if app == "disagg":
+        assert took == REMOTE
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and not choice["message"]["content"], choice
+    (call,) = choice["message"]["tool_calls"]
+    assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == (
+        "get_weather",
+        {"unit": "c", "days": True},
+    )
+    events = streamed(apps, app, "/v1/chat/completions", body)
+    deltas = [e["choices"][0]["delta"] for e in events]
+    assert not "".join(d.get("content") or "" for d in deltas).strip()
+    calls = [c for d in deltas for c in d.get("tool_calls", [])]
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"unit": "c", "days": True})
+    ]
+    assert events[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
 def _close(a: list[float], b: list[float]) -> bool:
     return len(a) == len(b) and all(abs(x - y) < 1e-3 for x, y in zip(a, b, strict=True))
 

@@ -21,6 +21,7 @@ ENGINE_LIB_USERS = {
     "vllm": {
         "orchestrator/engines/vllm_engine.py",
         "orchestrator/engines/vllm_plugin.py",
+        "orchestrator/engines/vllm_tool_parsers.py",
         "benchmarks/scheduler_cost.py",
     },
     "sglang": {"orchestrator/engines/sglang_engine.py"},
