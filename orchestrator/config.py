@@ -45,10 +45,12 @@ class ModelConfig(_Strict):
         "(orchestrator/api/tool_parsers.py) or any of the engine's own (vLLM's --tool-call-parser names; "
         'checked when the app is built); None: "auto" is a 400, as vLLM without --tool-call-parser.',
     )
-    reasoning_parser: Literal["deepseek_r1", "qwen3"] | None = Field(
+    reasoning_parser: str | None = Field(
         default=None,
-        description="The model's thinking format: chat answers carry it apart as `reasoning` "
-        "(orchestrator/api/reasoning_parsers.py), as vLLM's --reasoning-parser.",
+        min_length=1,
+        description="The model's thinking format: chat answers carry it apart as `reasoning`, as vLLM's "
+        "--reasoning-parser; one the frontend reads itself (orchestrator/api/reasoning_parsers.py) or any of "
+        "the engine's own (vLLM's --reasoning-parser names; checked when the app is built).",
     )
 
     @property

@@ -23,10 +23,9 @@ from typing import Any
 
 from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.app import Health
-from orchestrator.api.reasoning_parsers import parser as reasoning_parser
 from orchestrator.api.service import CompletionService, ModelCard
 from orchestrator.config import PRIMARY_GROUP, AppConfig
-from orchestrator.engines import publishes_kv_events, tool_call_parser
+from orchestrator.engines import publishes_kv_events, reasoning_parser, tool_call_parser
 from orchestrator.kv.subscriber import KVEventSubscriber
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import PoolClient, ReplicaView
@@ -150,7 +149,7 @@ def build_frontend(
         group_paths=paths,
         shape_router=routing.shape_router,
         tool_parser=tool_call_parser(config, tokenizer),
-        reasoning_parser=reasoning_parser(config.model.reasoning_parser) if config.model.reasoning_parser else None,
+        reasoning_parser=reasoning_parser(config, tokenizer),
         wall_clock=wall_clock,
         **({"new_id": new_id} if new_id is not None else {}),
     )

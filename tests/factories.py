@@ -108,6 +108,8 @@ class FakePool:
     chunk_delay_s: float = 0.0
     # Pieces of text the engine writes (one token each, finishing with "stop"), instead of OUT + k.
     script: tuple[str, ...] | None = None
+    # The token ids of each script piece (a real tokenizer's), instead of OUT + k.
+    script_token_ids: tuple[tuple[int, ...], ...] | None = None
     prefills: list[EngineRequest] = field(default_factory=list)
     generates: list[EngineRequest] = field(default_factory=list)
     closed: list[str] = field(default_factory=list)
@@ -151,7 +153,7 @@ class FakePool:
                 text = self.script[i] if self.script is not None else token_text(token)
                 last = FinishReason.STOP if self.script is not None and n == len(self.script) else FinishReason.LENGTH
                 yield EngineChunk(
-                    token_ids=(token,),
+                    token_ids=self.script_token_ids[i] if self.script_token_ids is not None else (token,),
                     text=seam + text,
                     finish_reason=last if i == n - 1 else None,
                     num_prompt_tokens=len(request.prompt_token_ids) if i == 0 else 0,
@@ -178,6 +180,28 @@ class Frontend:
     def metric(self, name: str, labels: dict[str, str] | None = None) -> float:
         value = self.metrics.registry.get_sample_value(name, labels or {})
         return 0.0 if value is None else value
+
+
+def tiny_tokenizer(directory: Any, special_tokens: list[str]) -> Any:
+    """The tiny test model's tokenizer (made in `directory`), with a format's `special_tokens` added
+    as the model that writes that format has them."""
+    from transformers import AutoTokenizer
+
+    from orchestrator.tiny_model import make_tiny_model
+
+    tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(directory))
+    tokenizer.add_special_tokens({"additional_special_tokens": special_tokens})
+    return tokenizer
+
+
+def aggregated_config(engine_kind: str, **model: Any) -> AppConfig:
+    """An aggregated app of one pool of `engine_kind`, with these `model` fields set."""
+    return AppConfig.model_validate(
+        {
+            "model": {"name": MODEL, "source": "org/test-model", "max_model_len": 64, **model},
+            "decode_pool": {"engine": {"kind": engine_kind}},
+        }
+    )
 
 
 def make_frontend(

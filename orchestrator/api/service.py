@@ -110,6 +110,8 @@ class OutputOptions:
     # is dropped, and with it logprobs and token ids, which would carry it.
     hide_reasoning: bool = False
     stream_interval: int = 1  # tokens an SSE event waits for, between a choice's first and last
+    # Chat: the template's variables (chat_template_kwargs and the request's own), which a reasoning format may read.
+    template_variables: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -371,6 +373,7 @@ class CompletionService:
         structured, constraint_param = _constraint(req)
 
         tools, keep_special, chat_echo, reasoning, hide_reasoning = None, False, "", None, False
+        variables: tuple[tuple[str, Any], ...] = ()
         if isinstance(req, CompletionRequest):
             prompts = await self._completion_prompts(req)
             requested, prompt_param, top = req.max_tokens, "prompt", req.logprobs
@@ -383,11 +386,9 @@ class CompletionService:
                 structured, constraint_param = tools.constraint, "tools"
             keep_special = tools is not None and tools.parser is not None and tools.parser.keeps_special_tokens
             messages = [_template_message(m) for m in req.messages]
+            variables = tuple(_template_variables(req).items())
             options = ChatTemplateOptions(
-                req.add_generation_prompt,
-                req.continue_final_message,
-                req.add_special_tokens,
-                tuple(_template_variables(req).items()),
+                req.add_generation_prompt, req.continue_final_message, req.add_special_tokens, variables
             )
             try:
                 prompt = await asyncio.to_thread(
@@ -401,6 +402,7 @@ class CompletionService:
                 chat_echo = last.text()
             requested, prompt_param = req.requested_max_tokens, "messages"
             reasoning = self.reasoning_parser if structured is None else None  # a constrained output has none
+            keep_special = keep_special or (reasoning is not None and reasoning.keeps_special_tokens)
             hide_reasoning = reasoning is not None and not req.include_reasoning
             # Hidden reasoning hides its logprobs too (as vLLM), so the engine is not asked for any.
             top = (req.top_logprobs or 0) if req.logprobs and not hide_reasoning else None
@@ -452,6 +454,7 @@ class CompletionService:
                 role=req.response_role if chat else "assistant",
                 hide_reasoning=hide_reasoning,
                 stream_interval=req.stream_interval or 1,
+                template_variables=variables,
             ),
         )
 
@@ -739,6 +742,12 @@ class _ChoiceState:
         )
         self.prompt_ids = list(plan.request.prompt_token_ids) if p.options.return_token_ids else None
         self.held = ChunkInterval(p.options.stream_interval)
+        reasoning = p.options.reasoning
+        self.splitter = (
+            reasoning.splitter(dict(p.options.template_variables), plan.request.prompt_token_ids)
+            if reasoning is not None
+            else None
+        )
 
     def cached_tokens(self) -> int:
         prefill = self.trace.prefill
@@ -835,9 +844,9 @@ class _ChoiceState:
     def _split(self, final: bool = True) -> tuple[str | None, str]:
         """(reasoning, content) of the output so far; without a reasoning parser all is content."""
         text = self.totals.text
-        if self.options.reasoning is None:
+        if self.splitter is None:
             return None, text
-        reasoning, content = self.options.reasoning.split(text, final)
+        reasoning, content = self.splitter.split(text, self.totals.token_ids, final)
         return reasoning, content or ""
 
     def _chat_delta(self, content: str, finished: bool, finish: str | None) -> tuple[dict[str, Any] | None, str | None]:

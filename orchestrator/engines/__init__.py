@@ -8,15 +8,16 @@ resolving an adapter, imports no engine library."""
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Collection, Mapping
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.config import AppConfig, PoolConfig
-from orchestrator.engines.adapter import EngineAdapter, EngineSpec, EngineToolParsers, publishes_kv_events
+from orchestrator.engines.adapter import EngineAdapter, EngineParsers, EngineSpec, publishes_kv_events
 from orchestrator.engines.base import Engine, EngineRole
 from orchestrator.kv.events import KVEventBatch
 
 if TYPE_CHECKING:
+    from orchestrator.api.reasoning_parsers import ReasoningParser
     from orchestrator.api.tool_parsers import ToolCallParser
     from orchestrator.prompts import Tokenizer
 
@@ -25,12 +26,13 @@ __all__ = [
     "EngineAdapter",
     "EngineSpec",
     "check_engine_config",
-    "check_tool_call_parser",
+    "check_output_parsers",
     "create_engine",
     "engine_adapter",
     "kv_event_decoder",
     "process_env",
     "publishes_kv_events",
+    "reasoning_parser",
     "tool_call_parser",
 ]
 
@@ -71,39 +73,58 @@ def check_engine_config(pool: PoolConfig) -> None:
     engine_adapter(pool.engine.kind).check_config(pool.engine)
 
 
-def _engine_tool_parsers(app: AppConfig) -> EngineToolParsers | None:
-    """The tool-call formats of the engine that writes the answers (the primary group's decode pool)."""
-    return engine_adapter(app.decode_pool.engine.kind).tool_parsers
+def _engine_parsers(app: AppConfig) -> EngineParsers | None:
+    """The output formats of the engine that writes the answers (the primary group's decode pool)."""
+    return engine_adapter(app.decode_pool.engine.kind).parsers
 
 
-def check_tool_call_parser(app: AppConfig) -> None:
-    """Build-time check that `model.tool_call_parser` names a format the frontend or the engine reads;
-    ValueError naming the known ones."""
-    from orchestrator.api.tool_parsers import PARSERS
-
-    name = app.model.tool_call_parser
-    if name is None or name in PARSERS:
+def _check_format(app: AppConfig, field: str, own: Collection[str], engine_names: Callable[[], list[str]]) -> None:
+    name = getattr(app.model, field)
+    if name is None or name in own:
         return
-    engine = _engine_tool_parsers(app)
-    known = sorted({*PARSERS, *(engine.names() if engine is not None else ())})
+    known = sorted({*own, *engine_names()})
     if name not in known:
         raise ValueError(
-            f"model.tool_call_parser {name!r} is not a format of this app's engine "
+            f"model.{field} {name!r} is not a format of this app's engine "
             f"({app.decode_pool.engine.kind}); known: {', '.join(known)}"
         )
 
 
-def tool_call_parser(app: AppConfig, tokenizer: Tokenizer) -> ToolCallParser | None:
-    """The model's tool-call format for `tool_choice: "auto"`: read by the frontend where it has its own
-    reader of that name, else by the engine's own parser; None when the config names none."""
-    from orchestrator.api.tool_parsers import PARSERS
+def check_output_parsers(app: AppConfig) -> None:
+    """Build-time check that `model.tool_call_parser` and `model.reasoning_parser` name formats the
+    frontend or the engine reads; ValueError naming the known ones."""
+    from orchestrator.api import reasoning_parsers, tool_parsers
 
-    name = app.model.tool_call_parser
+    engine = _engine_parsers(app)
+    _check_format(app, "tool_call_parser", tool_parsers.PARSERS, engine.tool_names if engine else list)
+    _check_format(app, "reasoning_parser", reasoning_parsers.PARSERS, engine.reasoning_names if engine else list)
+
+
+def _output_parser(
+    app: AppConfig, tokenizer: Tokenizer, field: str, own: Mapping[str, Any], engines: Callable[[EngineParsers], Any]
+) -> Any:
+    """The format `model.<field>` names: the frontend's own reader of that name (`own`), else the
+    engine's parser (`engines` picks its factory); None when the config names none."""
+    name = getattr(app.model, field)
     if name is None:
         return None
-    if name in PARSERS:
-        return PARSERS[name]
-    check_tool_call_parser(app)
-    engine = _engine_tool_parsers(app)
-    assert engine is not None  # check_tool_call_parser: a name not ours is the engine's
-    return engine.create(name, tokenizer)
+    if name in own:
+        return own[name]
+    check_output_parsers(app)
+    engine = _engine_parsers(app)
+    assert engine is not None  # checked: a name not the frontend's is the engine's
+    return engines(engine)(name, tokenizer)
+
+
+def tool_call_parser(app: AppConfig, tokenizer: Tokenizer) -> ToolCallParser | None:
+    """The model's tool-call format for `tool_choice: "auto"` (`model.tool_call_parser`)."""
+    from orchestrator.api.tool_parsers import PARSERS
+
+    return _output_parser(app, tokenizer, "tool_call_parser", PARSERS, lambda e: e.tool_parser)
+
+
+def reasoning_parser(app: AppConfig, tokenizer: Tokenizer) -> ReasoningParser | None:
+    """The model's thinking format (`model.reasoning_parser`)."""
+    from orchestrator.api.reasoning_parsers import PARSERS
+
+    return _output_parser(app, tokenizer, "reasoning_parser", PARSERS, lambda e: e.reasoning_parser)

@@ -16,6 +16,7 @@ from orchestrator.kv.events import KVEventBatch
 from orchestrator.placement import ReplicaPlacement
 
 if TYPE_CHECKING:
+    from orchestrator.api.reasoning_parsers import ReasoningParser
     from orchestrator.api.tool_parsers import ToolCallParser
     from orchestrator.prompts import Tokenizer
     from orchestrator.sim.perf_model import PerfModel
@@ -63,13 +64,16 @@ class PlannerInputs:
 
 
 @dataclass(frozen=True)
-class EngineToolParsers:
-    """An engine's own registry of tool-call formats (vLLM's `--tool-call-parser` names),
-    for the formats the frontend does not read itself (orchestrator/api/tool_parsers.py)."""
+class EngineParsers:
+    """An engine's own registries of output formats (vLLM's `--tool-call-parser` and
+    `--reasoning-parser` names), for the formats the frontend does not read itself
+    (orchestrator/api/tool_parsers.py, reasoning_parsers.py). Each `create` takes
+    (name, the frontend's tokenizer) and raises ValueError for a name it cannot serve."""
 
-    names: Callable[[], list[str]]  # every name the registry knows
-    # (name, the frontend's tokenizer) -> a parser; ValueError for a name it does not know.
-    create: Callable[[str, Tokenizer], ToolCallParser]
+    tool_names: Callable[[], list[str]]
+    tool_parser: Callable[[str, Tokenizer], ToolCallParser]
+    reasoning_names: Callable[[], list[str]]
+    reasoning_parser: Callable[[str, Tokenizer], ReasoningParser]
 
 
 @dataclass(frozen=True)
@@ -92,8 +96,8 @@ class EngineAdapter:
     # How a prompt's KV gets from a prefill to a decode replica: the two pools
     # of a disaggregated pair must agree on it.
     kv_handoff: KVHandoff = KVHandoff.AFTER_PREFILL
-    # The engine's own tool-call formats; None: only the frontend's own.
-    tool_parsers: EngineToolParsers | None = None
+    # The engine's own tool-call and reasoning formats; None: only the frontend's own.
+    parsers: EngineParsers | None = None
 
 
 def no_config_check(engine: EngineSettings) -> None:

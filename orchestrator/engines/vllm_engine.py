@@ -1,7 +1,8 @@
 """vLLM adapter: one `AsyncLLM` in one pool replica.
 
-With vllm_plugin.py (loaded into vLLM's engine processes) and vllm_tool_parsers.py
-(vLLM's tool-call parsers, in the frontend), the only modules that touch vLLM.
+With vllm_plugin.py (loaded into vLLM's engine processes) and vllm_tool_parsers.py,
+vllm_reasoning_parsers.py (vLLM's output parsers, in the frontend), the only modules
+that touch vLLM.
 vLLM is imported inside functions so that the application builder can read
 engine settings without paying for the import.
 
@@ -21,8 +22,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from orchestrator.config import Device, NetworkConfig, VllmEngineConfig
-from orchestrator.engines import vllm_tool_parsers
-from orchestrator.engines.adapter import EngineAdapter, EngineSpec, EngineToolParsers, PlannerInputs
+from orchestrator.engines import vllm_reasoning_parsers, vllm_tool_parsers
+from orchestrator.engines.adapter import EngineAdapter, EngineParsers, EngineSpec, PlannerInputs
 from orchestrator.engines.base import (
     EngineError,
     EngineInfo,
@@ -415,5 +416,10 @@ ADAPTER = EngineAdapter(
     kv_event_decoder=decode_batch,
     placement=per_rank_placement,
     planner_inputs=planner_inputs,
-    tool_parsers=EngineToolParsers(names=vllm_tool_parsers.names, create=vllm_tool_parsers.VllmToolParser),
+    parsers=EngineParsers(
+        tool_names=vllm_tool_parsers.names,
+        tool_parser=vllm_tool_parsers.VllmToolParser,
+        reasoning_names=vllm_reasoning_parsers.names,
+        reasoning_parser=vllm_reasoning_parsers.VllmReasoningParser,
+    ),
 )

@@ -20,7 +20,7 @@ parser is made (in the frontend's process), not with this module.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.api.partial_tags import held_back
@@ -66,15 +66,19 @@ def names() -> list[str]:
     return ToolParserManager.list_registered()
 
 
-def _request(tools: Sequence[Tool]) -> ChatCompletionRequest:
-    """The part of a chat request a tool parser reads: the tools, tool_choice "auto"."""
+def chat_request(
+    tools: Sequence[Tool] = (), template_variables: Mapping[str, Any] | None = None
+) -> ChatCompletionRequest:
+    """The part of a chat request vLLM's output parsers read: the tools (tool_choice "auto") and the
+    chat template's variables."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 
     return ChatCompletionRequest(
         model="",
         messages=[{"role": "user", "content": ""}],
-        tools=[t.model_dump(exclude_none=True) for t in tools],
-        tool_choice="auto",
+        tools=[t.model_dump(exclude_none=True) for t in tools] or None,
+        tool_choice="auto" if tools else None,
+        chat_template_kwargs=dict(template_variables or {}),
     )
 
 
@@ -93,7 +97,7 @@ class VllmToolParser:
         self.name = name
         # Its vocabulary read once: parsers look their tokens up in it each time one is made.
         self._tokenizer = get_cached_tokenizer(tokenizer)
-        probe_request = _request([_PROBE_TOOL])
+        probe_request = chat_request([_PROBE_TOOL])
         probe = self._new(probe_request)
         self.keeps_special_tokens: bool = not probe.adjust_request(probe_request).skip_special_tokens
         self.openers = _call_openers(probe)
@@ -109,7 +113,7 @@ class VllmToolParser:
             raise ValueError(f"tool-call parser {self.name!r} cannot read this model's output: {e}") from None
 
     def parse(self, text: str, tools: Sequence[Tool]) -> tuple[str, list[dict[str, Any]]]:
-        request = _request(tools)
+        request = chat_request(tools)
         try:
             found = self._new(request).extract_tool_calls(text, request)
         except Exception:  # a parser's bug on odd output: the answer stays content

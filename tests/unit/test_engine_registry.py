@@ -17,10 +17,8 @@ from orchestrator.placement import ReplicaPlacement
 
 KINDS = sorted(ADAPTER_MODULES)
 MODEL = ModelConfig(name="m", source="org/m", max_model_len=4096)
-# Every field but the kind and the optional ones (kv_handoff has a default; tool_parsers: vLLM's only).
-CAPABILITIES = [
-    f.name for f in dataclasses.fields(EngineAdapter) if f.name not in ("kind", "kv_handoff", "tool_parsers")
-]
+# Every field but the kind and the optional ones (kv_handoff has a default; parsers: vLLM's only).
+CAPABILITIES = [f.name for f in dataclasses.fields(EngineAdapter) if f.name not in ("kind", "kv_handoff", "parsers")]
 ENGINE_METHODS = ("start", "generate", "prefill", "stats", "check_health", "shutdown")
 
 
@@ -51,7 +49,7 @@ def test_each_adapter_provides_every_capability(kind):
     adapter, settings = engine_adapter(kind), _engine_settings(kind)
     assert all(callable(getattr(adapter, name)) for name in CAPABILITIES)
     assert isinstance(adapter.kv_handoff, KVHandoff)
-    assert (adapter.tool_parsers is not None) == (kind == "vllm")  # vLLM's own registry of tool-call formats
+    assert (adapter.parsers is not None) == (kind == "vllm")  # vLLM's own registries of output formats
     engine = adapter.create(EngineSpec(MODEL, KVCacheConfig(), settings, EngineRole.AGGREGATED, "127.0.0.1"))
     assert all(callable(getattr(engine, name)) for name in ENGINE_METHODS)
     env = adapter.process_env(settings, NetworkConfig(kv_handshake_timeout_s=30))

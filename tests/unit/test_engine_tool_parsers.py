@@ -8,12 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from transformers import AutoTokenizer
 
-from orchestrator.config import AppConfig
-from orchestrator.engines import check_tool_call_parser
-from orchestrator.tiny_model import make_tiny_model
-from tests.factories import MODEL, FakePool, chat, json_events, make_frontend
+from orchestrator.engines import check_output_parsers
+from tests.factories import FakePool, aggregated_config, chat, json_events, make_frontend, tiny_tokenizer
 
 # The special tokens of the formats below, added to the tiny model's tokenizer as each model's own has them.
 FORMAT_TOKENS = [
@@ -93,9 +90,7 @@ CASES = {
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path_factory.mktemp("tiny")))
-    tokenizer.add_special_tokens({"additional_special_tokens": FORMAT_TOKENS})
-    return tokenizer
+    return tiny_tokenizer(tmp_path_factory.mktemp("tiny"), FORMAT_TOKENS)
 
 
 def _frontend(tokenizer, name, script=("plain",)):
@@ -161,24 +156,13 @@ def test_an_output_without_a_call_stays_content(tokenizer):
     )
 
 
-def _config(name, kind):
-    engine = {"engine": {"kind": kind}}
-    return AppConfig.model_validate(
-        {
-            "model": {"name": MODEL, "source": "org/m", "max_model_len": 64, "tool_call_parser": name},
-            "decode_pool": engine,
-            "prefill_pool": engine,
-        }
-    )
-
-
 def test_a_format_name_is_checked_against_the_engines_registry_when_the_app_is_built(tokenizer):
-    check_tool_call_parser(_config("qwen3_coder", "vllm"))  # vLLM's
-    check_tool_call_parser(_config("hermes", "sim"))  # the frontend's own
+    check_output_parsers(aggregated_config("vllm", tool_call_parser="qwen3_coder"))  # vLLM's
+    check_output_parsers(aggregated_config("sim", tool_call_parser="hermes"))  # the frontend's own
     with pytest.raises(ValueError, match=r"'nope' is not a format of this app's engine \(vllm\); known: .*qwen3_coder"):
-        check_tool_call_parser(_config("nope", "vllm"))
+        check_output_parsers(aggregated_config("vllm", tool_call_parser="nope"))
     with pytest.raises(ValueError, match=r"'qwen3_coder' is not a format of this app's engine \(sim\); known: hermes"):
-        check_tool_call_parser(_config("qwen3_coder", "sim"))
+        check_output_parsers(aggregated_config("sim", tool_call_parser="qwen3_coder"))
     with pytest.raises(ValueError, match="'jamba' cannot read this model's output"):  # its tokens are not in this vocab
         _frontend(tokenizer, "jamba")
     with pytest.raises(ValueError, match="'openai' does not read calls from text"):

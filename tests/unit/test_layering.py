@@ -22,6 +22,7 @@ ENGINE_LIB_USERS = {
         "orchestrator/engines/vllm_engine.py",
         "orchestrator/engines/vllm_plugin.py",
         "orchestrator/engines/vllm_tool_parsers.py",
+        "orchestrator/engines/vllm_reasoning_parsers.py",
         "benchmarks/scheduler_cost.py",
     },
     "sglang": {"orchestrator/engines/sglang_engine.py"},

@@ -4,13 +4,12 @@ DeepSeek-R1 parser on the same outputs, and through the API, whole and streamed 
 from __future__ import annotations
 
 import pytest
-from transformers import AutoTokenizer
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+from vllm.reasoning import ReasoningParserManager
 from vllm.reasoning.deepseek_r1_reasoning_parser import DeepSeekR1ReasoningParser
 
-from orchestrator.api.reasoning_parsers import parser
-from orchestrator.tiny_model import make_tiny_model
-from tests.factories import FakePool, chat, json_events, make_frontend
+from orchestrator.api.reasoning_parsers import PARSERS
+from tests.factories import FakePool, chat, json_events, make_frontend, tiny_tokenizer
 
 OUTPUTS = [
     "<think>Two and two.</think>Four.",
@@ -22,25 +21,37 @@ OUTPUTS = [
 
 
 @pytest.fixture(scope="module")
-def vllm_parser(tmp_path_factory):
-    tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path_factory.mktemp("tiny")))
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<think>", "</think>"]})
+def tokenizer(tmp_path_factory):
+    return tiny_tokenizer(tmp_path_factory.mktemp("tiny"), ["<think>", "</think>"])
+
+
+@pytest.fixture(scope="module")
+def vllm_parser(tokenizer):
     return DeepSeekR1ReasoningParser(tokenizer)
 
 
 @pytest.mark.parametrize("text", OUTPUTS)
 def test_think_splits_as_vllms_deepseek_r1_parser(vllm_parser, text):
     request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}])
-    assert parser("deepseek_r1").split(text) == vllm_parser.extract_reasoning(text, request)
+    assert PARSERS["deepseek_r1"].split(text) == vllm_parser.extract_reasoning(text, request)
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+@pytest.mark.parametrize("text", OUTPUTS)
+def test_qwen3_splits_as_vllms_qwen3_parser_with_thinking_on_and_off(tokenizer, text, thinking):
+    """`enable_thinking: false` (the template's variable): vLLM's qwen3 parser reads all as the answer."""
+    variables = {"enable_thinking": thinking}
+    theirs = ReasoningParserManager.get_reasoning_parser("qwen3")(tokenizer, chat_template_kwargs=variables)
+    request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}])
+    request.chat_template_kwargs = variables
+    assert PARSERS["qwen3"].splitter(variables, ()).split(text, ()) == theirs.extract_reasoning(text, request)
 
 
 def test_a_partial_tag_is_not_sent_before_it_is_known():
-    think = parser("qwen3")
-    assert think.split("<thi", final=False) == (None, None)
-    assert think.split("<think>abc</thi", final=False) == ("abc", None)
-    assert think.split("<think>abc</think>de", final=False) == ("abc", "de")
-    with pytest.raises(ValueError, match="unknown reasoning parser"):
-        parser("nope")
+    think = PARSERS["qwen3"].splitter({}, ())
+    assert think.split("<thi", (), final=False) == (None, None)
+    assert think.split("<think>abc</thi", (), final=False) == ("abc", None)
+    assert think.split("<think>abc</think>de", (), final=False) == ("abc", "de")
 
 
 SCRIPT = ("<think>", "Two and", " two.</th", "ink>Fo", "ur.")
@@ -76,3 +87,15 @@ def test_include_reasoning_false_drops_the_reasoning_and_what_would_carry_it():
     deltas = [e["choices"][0] for e in events[1:]]
     assert "".join(d["delta"].get("content", "") for d in deltas) == "Four."
     assert not any(d["delta"].get("reasoning") or d["logprobs"] or d.get("token_ids") for d in deltas)
+
+
+def test_qwen3_with_thinking_turned_off_answers_with_all_of_its_output():
+    """chat_template_kwargs (or reasoning_effort "none", which vLLM turns into enable_thinking false)
+    reach the format, per request."""
+    fe = make_frontend(decode=FakePool("decode_pool", script=SCRIPT), reasoning_parser="qwen3")
+    for off in ({"chat_template_kwargs": {"enable_thinking": False}}, {"reasoning_effort": "none"}):
+        message = _chat(fe, max_tokens=8, **off).json()["choices"][0]["message"]
+        assert message == {"role": "assistant", "reasoning": None, "content": "".join(SCRIPT)}
+        events = json_events(_chat(fe, max_tokens=8, stream=True, **off))
+        assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == "".join(SCRIPT)
+    assert _chat(fe, max_tokens=8).json()["choices"][0]["message"]["reasoning"] == "Two and two."

@@ -7,15 +7,13 @@ import json
 import random
 
 import pytest
-from transformers import AutoTokenizer
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 from vllm.tool_parsers.llama_tool_parser import Llama3JsonToolParser
 from vllm.tool_parsers.pythonic_tool_parser import PythonicToolParser
 
 from orchestrator.api.tool_parsers import PARSERS, _looks_pythonic
-from orchestrator.tiny_model import make_tiny_model
-from tests.factories import FakePool, chat, json_events, make_frontend
+from tests.factories import FakePool, chat, json_events, make_frontend, tiny_tokenizer
 
 # The format of Qwen 2.5 / Hermes 2 Pro chat templates (Qwen's function-calling
 # docs, "Hermes-style tool use"): text, then one tag per call.
@@ -63,9 +61,7 @@ PYTHONIC_OUTPUTS = [
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    tokenizer = AutoTokenizer.from_pretrained(make_tiny_model(tmp_path_factory.mktemp("tiny")))
-    tokenizer.add_special_tokens({"additional_special_tokens": ["<|python_tag|>"]})  # vLLM's llama parser needs it
-    return tokenizer
+    return tiny_tokenizer(tmp_path_factory.mktemp("tiny"), ["<|python_tag|>"])  # vLLM's llama parser needs it
 
 
 VLLM_PARSERS = {"hermes": Hermes2ProToolParser, "llama3_json": Llama3JsonToolParser, "pythonic": PythonicToolParser}
