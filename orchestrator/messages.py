@@ -16,6 +16,7 @@ class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS, a stop string or a stop token
     LENGTH = "length"  # max_tokens or the model's context reached
     ABORT = "abort"  # cancelled by the client or the server
+    REPETITION = "repetition"  # vLLM's repetition_detection ended a looping output
 
 
 class StructuredKind(str, enum.Enum):
@@ -57,6 +58,16 @@ class PositionLogprobs:
 
 
 @dataclass(frozen=True)
+class RepetitionDetection:
+    """vLLM's `repetition_detection`: the output ends ("repetition") once an n-gram of
+    min..max_pattern_size tokens has repeated min_count times; max_pattern_size 0: off."""
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
+
+
+@dataclass(frozen=True)
 class SamplingSpec:
     max_tokens: int
     temperature: float = 1.0
@@ -73,6 +84,8 @@ class SamplingSpec:
     repetition_penalty: float = 1.0
     # Top log-probabilities per output position (0: the sampled token's only); None: none.
     logprobs: int | None = None
+    # With `logprobs`: these tokens' log-probabilities at each position instead of the top ones (vLLM's).
+    logprob_token_ids: tuple[int, ...] | None = None
     # The same per prompt position (0: the prompt token's only); None: none. The
     # engine that computes the prompt returns them, so such a request prefills
     # where it decodes (`EngineRequest.prefills_where_it_decodes`).
@@ -86,6 +99,10 @@ class SamplingSpec:
     # Sampling restricted to these tokens (None: any), and word sequences never generated.
     allowed_token_ids: tuple[int, ...] | None = None
     bad_words: tuple[str, ...] = ()
+    repetition_detection: RepetitionDetection | None = None
+    # vLLM's `vllm_xargs`, for the engine's custom extensions (logits processors): (name, value) pairs,
+    # a list value as a tuple. Never the KV transfer's parameters, which the request path alone sets.
+    extra_args: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -127,7 +144,13 @@ class EngineRequest:
             self,
             request_id=f"{self.request_id}-prefill",
             sampling=replace(
-                self.sampling, max_tokens=1, min_tokens=0, logprobs=None, prompt_logprobs=None, structured=None
+                self.sampling,
+                max_tokens=1,
+                min_tokens=0,
+                logprobs=None,
+                logprob_token_ids=None,
+                prompt_logprobs=None,
+                structured=None,
             ),
             kv_transfer=None,
             target_replica=replica,

@@ -70,6 +70,9 @@ def fake_logprobs(token: int, request: EngineRequest) -> PositionLogprobs:
     """An engine's list for one position: the sampled token (-0.5) first, then the top
     `logprobs` (the sampled one at rank 1, then -1.0, -2.0, ...), as vLLM orders them."""
     sampled = TokenLogprob(token, -0.5, token_text(token))
+    asked = request.sampling.logprob_token_ids
+    if asked:  # these tokens, after the sampled one, as vLLM lists them
+        return PositionLogprobs(sampled, (sampled, *(TokenLogprob(t, -1.0 - t, f"t{t}") for t in asked)))
     others = [TokenLogprob(7 + k, -1.0 - k, f"t{k}") for k in range(max(0, (request.sampling.logprobs or 0) - 1))]
     top = [sampled, *others] if request.sampling.logprobs else []
     return PositionLogprobs(sampled, tuple(dict.fromkeys([sampled, *top])))

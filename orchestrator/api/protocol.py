@@ -70,6 +70,32 @@ class Unsupported(NamedTuple):
     message: str
 
 
+class RepetitionDetectionBody(_Body):
+    """vLLM's RepetitionDetectionParams, with its checks and messages."""
+
+    max_pattern_size: int = 0
+    min_pattern_size: int = 0
+    min_count: int = 0
+
+    @model_validator(mode="after")
+    def _valid(self) -> RepetitionDetectionBody:
+        if self.max_pattern_size < 0 or self.min_pattern_size < 0 or self.min_pattern_size > self.max_pattern_size:
+            raise ValueError(
+                "max_pattern_size, min_pattern_size must be >=0, with min_pattern_size <= max_pattern_size. "
+                "Set both to 0 to disable repetitive pattern detection."
+            )
+        if self.max_pattern_size > 0 and self.min_count < 2:
+            raise ValueError(
+                "min_count must be >= 2 to detect repetitive patterns in engine output. If you do not wish to "
+                "detect repetitive patterns, set max_pattern_size to 0."
+            )
+        return self
+
+
+# vllm_xargs keys this server sets itself: the KV transfer between its pools.
+RESERVED_XARGS = frozenset({"kv_transfer_params", "ec_transfer_params"})
+
+
 class _SamplingFields(_Body):
     model: str
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -101,6 +127,9 @@ class _SamplingFields(_Body):
     truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
     # vLLM's extension: the top log-probabilities at each prompt position (not streamed).
     prompt_logprobs: int | None = Field(default=None, ge=-1)
+    # vLLM's extension: with logprobs, the log-probabilities of these tokens at each output position (besides
+    # the sampled token's), in place of the top ones; at most vLLM's MAX_LOGPROB_TOKEN_IDS.
+    logprob_token_ids: list[int] | None = Field(default=None, max_length=128)
     # vLLM V1 has no best_of: accepted when it asks for no more than `n`.
     best_of: int | None = Field(default=None, ge=1)
     response_format: ResponseFormat | None = None
@@ -119,6 +148,18 @@ class _SamplingFields(_Body):
     stream_interval: int | None = Field(default=None, ge=1)
     # vLLM's: the prompt reuses only prefix cache computed under the same salt (engines and the KV index).
     cache_salt: str | None = None
+    # vLLM's: the output ends early ("repetition") when it loops.
+    repetition_detection: RepetitionDetectionBody | None = None
+    # vLLM's: arguments for the engine's custom extensions (its SamplingParams.extra_args).
+    vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
+
+    @field_validator("vllm_xargs")
+    @classmethod
+    def _own_xargs(cls, v: dict[str, Any] | None) -> dict[str, Any] | None:
+        reserved = sorted(set(v or {}) & RESERVED_XARGS)
+        if reserved:
+            raise ValueError(f"vllm_xargs may not set {', '.join(reserved)}: this server moves the KV cache itself")
+        return v
 
     @field_validator("stop")
     @classmethod

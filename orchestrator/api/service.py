@@ -51,6 +51,7 @@ from orchestrator.messages import (
     EngineRequest,
     FinishReason,
     PositionLogprobs,
+    RepetitionDetection,
     SamplingSpec,
     StructuredKind,
     StructuredOutput,
@@ -133,6 +134,7 @@ def _sampling(
     logit_bias: tuple[tuple[int, float], ...],
     structured: StructuredOutput | None,
     keep_special_tokens: bool,
+    logprob_token_ids: tuple[int, ...] = (),
 ) -> SamplingSpec:
     """The request's sampling, once; each choice sets its own `max_tokens` and seed (`_for_choice`)."""
     return SamplingSpec(
@@ -150,6 +152,7 @@ def _sampling(
         frequency_penalty=req.frequency_penalty or 0.0,
         repetition_penalty=1.0 if req.repetition_penalty is None else req.repetition_penalty,
         logprobs=logprobs,
+        logprob_token_ids=logprob_token_ids or None,
         prompt_logprobs=prompt_logprobs,
         logit_bias=logit_bias,
         structured=structured,
@@ -158,6 +161,13 @@ def _sampling(
         include_stop_str_in_output=req.include_stop_str_in_output,
         allowed_token_ids=tuple(req.allowed_token_ids) if req.allowed_token_ids is not None else None,
         bad_words=tuple(req.bad_words or ()),
+        repetition_detection=(
+            RepetitionDetection(**req.repetition_detection.model_dump()) if req.repetition_detection else None
+        ),
+        extra_args=tuple(
+            (name, tuple(value) if isinstance(value, list) else value)
+            for name, value in sorted((req.vllm_xargs or {}).items())
+        ),
     )
 
 
@@ -416,7 +426,10 @@ class CompletionService:
         if req.stream and not scored_echo:
             prompt_top = None
         self._check_token_ids(req.allowed_token_ids or [], "allowed_token_ids")
-        base = _sampling(req, top, prompt_top, logit_bias, structured, keep_special)
+        scored_ids = self._logprob_token_ids(req, top)
+        base = _sampling(req, top, prompt_top, logit_bias, structured, keep_special, scored_ids)
+        if scored_ids:  # the answer lists every token the engine scored: the sampled one and these
+            top = len(scored_ids) + (endpoint is not Endpoint.COMPLETIONS)
         prompts = [self._truncated(ids, req.truncate_prompt_tokens, req.truncation_side) for ids in prompts]
         plans = []
         for i, prompt_ids in enumerate(prompts):
@@ -503,6 +516,17 @@ class CompletionService:
             raise bad_request(f"at most {lim.max_stop_strings} stop strings are allowed", param="stop")
         if any(len(s) > lim.max_stop_string_chars for s in stops):
             raise bad_request(f"stop strings may have at most {lim.max_stop_string_chars} characters", param="stop")
+
+    def _logprob_token_ids(self, req: CompletionRequest | ChatCompletionRequest, top: int | None) -> tuple[int, ...]:
+        """The tokens scored at each output position instead of the top ones (vLLM's `logprob_token_ids`);
+        as vLLM: chat needs `logprobs: true`, completions without `logprobs` answer none."""
+        asked = req.logprob_token_ids or []
+        if asked and isinstance(req, ChatCompletionRequest) and not req.logprobs:
+            raise bad_request(
+                "when using `logprob_token_ids`, `logprobs` must be set to true.", param="logprob_token_ids"
+            )
+        self._check_token_ids(asked, "logprob_token_ids")
+        return tuple(asked) if top is not None else ()
 
     def _check_token_ids(self, token_ids: list[int], param: str) -> None:
         vocab = self.renderer.vocab_size

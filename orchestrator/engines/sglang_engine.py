@@ -667,6 +667,8 @@ class SglangEngine:
             raise EngineRequestRejected("cache_salt is not wired to SGLang's prefix cache in this adapter")
         if request.sampling.allowed_token_ids is not None or request.sampling.bad_words:
             raise EngineRequestRejected("allowed_token_ids and bad_words are vLLM's; SGLang has no equivalent")
+        if request.sampling.repetition_detection is not None or request.sampling.extra_args:
+            raise EngineRequestRejected("repetition_detection and vllm_xargs are vLLM's; not wired to SGLang")
         rid = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
         done = False
         self._stats.started()

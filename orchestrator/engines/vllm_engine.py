@@ -16,6 +16,7 @@ when the read completes or its lease on them lapses.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -41,6 +42,7 @@ from orchestrator.messages import (
     KVTransfer,
     PositionLogprobs,
     PrefillResult,
+    RepetitionDetection,
     StructuredKind,
     StructuredOutput,
     TokenLogprob,
@@ -100,14 +102,26 @@ def planner_inputs(engine: VllmEngineConfig) -> PlannerInputs:
 
 def check_engine_args(engine: VllmEngineConfig) -> None:
     """Raise ValueError naming any `engine_args` key that vLLM does not have."""
-    import dataclasses
-
     from vllm.engine.arg_utils import AsyncEngineArgs
 
     known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     unknown = sorted(set(engine.engine_args) - known)
     if unknown:
         raise ValueError(f"engine.engine_args: vLLM's AsyncEngineArgs has no field(s) {unknown}")
+
+
+def _repetition_detection(spec: RepetitionDetection | None) -> Any:
+    from vllm.sampling_params import RepetitionDetectionParams
+
+    return None if spec is None else RepetitionDetectionParams(**dataclasses.asdict(spec))
+
+
+def _extra_args(request_args: tuple[tuple[str, Any], ...], kv_transfer_params: dict[str, Any] | None) -> Any:
+    """The request's own extra arguments (vllm_xargs), and the KV transfer's, which no request sets."""
+    args = {name: list(value) if isinstance(value, tuple) else value for name, value in request_args}
+    if kv_transfer_params:
+        args["kv_transfer_params"] = kv_transfer_params
+    return args or None
 
 
 def _finish_reason(reason: str | None) -> FinishReason | None:
@@ -339,7 +353,8 @@ class VllmEngine:
             presence_penalty=s.presence_penalty,
             frequency_penalty=s.frequency_penalty,
             repetition_penalty=s.repetition_penalty,
-            logprobs=s.logprobs,
+            logprobs=None if s.logprob_token_ids else s.logprobs,
+            logprob_token_ids=list(s.logprob_token_ids) if s.logprob_token_ids else None,
             prompt_logprobs=s.prompt_logprobs,
             logit_bias=dict(s.logit_bias) or None,
             structured_outputs=structured_outputs_params(s.structured),
@@ -349,7 +364,8 @@ class VllmEngine:
             allowed_token_ids=list(s.allowed_token_ids) if s.allowed_token_ids is not None else None,
             bad_words=list(s.bad_words) or None,
             output_kind=RequestOutputKind.DELTA,
-            extra_args={"kv_transfer_params": kv_transfer_params} if kv_transfer_params else None,
+            repetition_detection=_repetition_detection(s.repetition_detection),
+            extra_args=_extra_args(s.extra_args, kv_transfer_params),
         )
 
     async def _outputs(self, request: EngineRequest, kv_transfer_params: dict[str, Any] | None):

@@ -206,6 +206,51 @@ def test_logprobs_are_the_same_disaggregated_and_aggregated_whole_and_streamed(a
     ]
 
 
+def test_logprob_token_ids_score_the_asked_tokens_the_same_disaggregated_and_aggregated(apps):
+    """vLLM's `logprob_token_ids`: each position scores the sampled token and the asked ones. The asked
+    ones are the first position's natural ranks 2-4, so there their values must equal the top-5 answer's."""
+    prompt = text_prompt(700, seed=508)
+    base = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0, "return_tokens_as_token_ids": True}
+    natural = post_json(apps, "agg", "/v1/completions", {**base, "logprobs": 5})["choices"][0]["logprobs"]
+    first = natural["top_logprobs"][0]
+    asked = [int(name.removeprefix("token_id:")) for name in list(first)[1:4]]
+    body = {**base, "logprobs": 0, "logprob_token_ids": asked}
+    disagg, took = taken(apps, "disagg", lambda: post_json(apps, "disagg", "/v1/completions", body))
+    assert took == REMOTE
+    agg = post_json(apps, "agg", "/v1/completions", body)
+    for answer in (agg, disagg):
+        scored = answer["choices"][0]["logprobs"]
+        assert scored["tokens"] == natural["tokens"]
+        for position, token in zip(scored["top_logprobs"], scored["tokens"]):
+            assert set(position) == {token} | {f"token_id:{t}" for t in asked}
+        names = [f"token_id:{t}" for t in asked]
+        assert _close([scored["top_logprobs"][0][n] for n in names], [first[n] for n in names])
+    events = streamed(apps, "disagg", "/v1/completions", body)
+    positions = [p for e in events for p in e["choices"][0]["logprobs"]["top_logprobs"]]
+    assert [sorted(p) for p in positions] == [sorted(p) for p in disagg["choices"][0]["logprobs"]["top_logprobs"]]
+
+
+@pytest.mark.parametrize("app", ["agg", "disagg"])
+def test_repetition_detection_ends_a_looping_output(apps, app):
+    """Sampling held to one token loops at once: vLLM's repetition_detection ends it after 3 repeats of a
+    1-token pattern, finish_reason "repetition", where it would otherwise run to max_tokens."""
+    body = {
+        "model": MODEL,
+        "prompt": text_prompt(700, seed=509 + (app == "agg")),
+        "max_tokens": 40,
+        "temperature": 0,
+        "allowed_token_ids": [42],
+    }
+    detected = {**body, "repetition_detection": {"max_pattern_size": 1, "min_count": 3}}
+    answer, took = taken(apps, app, lambda: post_json(apps, app, "/v1/completions", detected))
+    if app == "disagg":
+        assert took == REMOTE
+    assert answer["choices"][0]["finish_reason"] == "repetition"
+    assert answer["usage"]["completion_tokens"] == 3
+    looping = post_json(apps, app, "/v1/completions", body)
+    assert looping["choices"][0]["finish_reason"] == "length" and looping["usage"]["completion_tokens"] == 40
+
+
 def test_prompt_logprobs_and_an_echo_with_logprobs_are_the_same_disaggregated_and_aggregated(apps):
     prompt = text_prompt(700, seed=506)
     body = {"model": MODEL, "prompt": prompt, "max_tokens": 4, "temperature": 0, "prompt_logprobs": 2}
@@ -276,6 +321,13 @@ def test_the_openai_sdk_drives_every_parameter(apps):
     restricted = client.completions.create(model=MODEL, prompt="the old city", max_tokens=4, extra_body=vllm_extras)
     assert set(restricted.choices[0].model_extra["token_ids"]) <= {100, 101}
     assert len(restricted.choices[0].model_extra["prompt_token_ids"]) == 2
+    extensions = {"logprob_token_ids": [100, 101], "vllm_xargs": {"label": "a", "weights": [1, 2]}}
+    extensions |= {"allowed_token_ids": [100], "repetition_detection": {"max_pattern_size": 1, "min_count": 2}}
+    looped = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=9, logprobs=True, extra_body=extensions
+    )
+    assert looped.choices[0].finish_reason == "repetition" and looped.usage.completion_tokens == 2
+    assert [len(c.top_logprobs) for c in looped.choices[0].logprobs.content] == [2, 2]  # 100 sampled, 101 asked
     whole_prompt = (
         client.completions.create(
             model=MODEL, prompt="the old city", max_tokens=1, extra_body={"return_token_ids": True}

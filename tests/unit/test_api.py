@@ -362,7 +362,8 @@ def test_stop_and_sampling_fields_reach_the_engine_request():
 
 
 def test_finish_reason_values_are_openai_strings():
-    assert {r.value for r in FinishReason} == {"stop", "length", "abort"}
+    # OpenAI's, and vLLM's own for an output its repetition_detection ended
+    assert {r.value for r in FinishReason} == {"stop", "length", "abort", "repetition"}
 
 
 def test_sse_events_stay_on_one_line_whatever_the_text():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from orchestrator.engines.base import EngineRequestRejected
-from orchestrator.messages import StructuredKind, StructuredOutput
+from orchestrator.messages import RepetitionDetection, StructuredKind, StructuredOutput
 from tests.factories import MODEL, OUT, FakePool, chat, json_events, make_frontend, post, token_text
 
 
@@ -93,6 +93,48 @@ def test_chat_logprobs_with_top_logprobs_whole_equals_streamed():
     plain = _chat(fe, max_tokens=1, logprobs=True).json()["choices"][0]["logprobs"]["content"][0]
     assert plain["top_logprobs"] == [] and plain["logprob"] == -0.5
     assert fe.decode.generates[-1].sampling.logprobs == 0
+
+
+def test_logprob_token_ids_list_those_tokens_after_the_sampled_one_whole_and_streamed():
+    """vLLM's `logprob_token_ids`: every position lists the sampled token, then the asked tokens (all the
+    engine scored, whatever top_logprobs / logprobs say); chat needs logprobs: true, as vLLM."""
+    fe = make_frontend()
+    body = {"max_tokens": 2, "logprobs": True, "logprob_token_ids": [9, 3]}
+    whole = _chat(fe, **body).json()["choices"][0]["logprobs"]["content"]
+    assert [[t["token"] for t in c["top_logprobs"]] for c in whole] == [[token_text(OUT), "t9", "t3"]] + [
+        [token_text(OUT + 1), "t9", "t3"]
+    ]
+    asked = fe.decode.generates[-1].sampling
+    assert asked.logprob_token_ids == (9, 3) and fe.prefill.prefills[-1].sampling.logprob_token_ids is None
+    events = json_events(_chat(fe, stream=True, **body))
+    assert [c for e in events if e["choices"][0]["logprobs"] for c in e["choices"][0]["logprobs"]["content"]] == whole
+    completion = _completion(fe, prompt="a b", max_tokens=1, logprobs=0, logprob_token_ids=[9])
+    assert completion.json()["choices"][0]["logprobs"]["top_logprobs"] == [{token_text(OUT): -0.5, "t9": -10.0}]
+    unscored = _completion(fe, prompt="a b", max_tokens=1, logprob_token_ids=[9]).json()["choices"][0]
+    assert unscored["logprobs"] is None  # completions without logprobs answer none, as vLLM
+    for bad, param in (
+        ({"logprob_token_ids": [9]}, "logprob_token_ids"),  # chat without logprobs: true
+        ({"logprobs": True, "logprob_token_ids": [10**6]}, "logprob_token_ids"),
+        ({"logprobs": True, "logprob_token_ids": list(range(129))}, "logprob_token_ids"),
+    ):
+        r = _chat(fe, max_tokens=1, **bad)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_repetition_detection_and_vllm_xargs_reach_the_engine_and_bad_ones_are_400s():
+    fe = make_frontend()
+    loop = {"max_pattern_size": 2, "min_pattern_size": 1, "min_count": 3}
+    assert _chat(fe, max_tokens=2, repetition_detection=loop, vllm_xargs={"labels": [1, 2]}).status_code == 200
+    sampling = fe.decode.generates[-1].sampling
+    assert sampling.repetition_detection == RepetitionDetection(2, 1, 3)
+    assert sampling.extra_args == (("labels", (1, 2)),)
+    for bad, param, says in (
+        ({"repetition_detection": {"max_pattern_size": 2, "min_count": 1}}, "repetition_detection", "min_count"),
+        ({"repetition_detection": {"max_pattern_size": 1, "min_pattern_size": 2}}, "repetition_detection", "<="),
+        ({"vllm_xargs": {"kv_transfer_params": "remote"}}, "vllm_xargs", "moves the KV cache itself"),
+    ):
+        r = _chat(fe, max_tokens=1, **bad)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param and says in r.json()["error"]["message"]
 
 
 def test_prompt_logprobs_prefill_on_the_decode_replica_and_come_in_vllms_form():

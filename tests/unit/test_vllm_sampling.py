@@ -10,7 +10,14 @@ from orchestrator.engines.vllm_engine import (
     prompt_position_logprobs,
     structured_outputs_params,
 )
-from orchestrator.messages import EngineRequest, SamplingSpec, StructuredKind, StructuredOutput, TokenLogprob
+from orchestrator.messages import (
+    EngineRequest,
+    RepetitionDetection,
+    SamplingSpec,
+    StructuredKind,
+    StructuredOutput,
+    TokenLogprob,
+)
 
 
 def test_each_constraint_kind_is_vllms_field_of_that_name():
@@ -58,3 +65,19 @@ def test_prompt_logprobs_reach_vllm_and_come_back_with_the_first_position_empty(
     assert position.sampled == TokenLogprob(2, -3.0, "b", rank=40)
     assert [c.rank for c in position.candidates] == [40, 1]
     assert prompt_position_logprobs([1, 2], None) is None
+
+
+def test_scored_tokens_repetition_detection_and_extra_args_reach_vllm_and_the_kv_transfer_stays_ours():
+    spec = SamplingSpec(
+        max_tokens=5,
+        logprobs=0,
+        logprob_token_ids=(4, 9),
+        repetition_detection=RepetitionDetection(max_pattern_size=2, min_pattern_size=1, min_count=3),
+        extra_args=(("labels", (1, 2)), ("mode", "x")),
+    )
+    params = VllmEngine._sampling_params(None, EngineRequest("r", (1, 2), spec), {"remote_block_ids": [1]})
+    assert params.logprobs is None and params.logprob_token_ids == [4, 9]  # vLLM's rule: the ids replace the top k
+    assert (params.repetition_detection.max_pattern_size, params.repetition_detection.min_count) == (2, 3)
+    assert params.extra_args == {"labels": [1, 2], "mode": "x", "kv_transfer_params": {"remote_block_ids": [1]}}
+    plain = VllmEngine._sampling_params(None, EngineRequest("r", (1, 2), SamplingSpec(max_tokens=5)), None)
+    assert plain.logprob_token_ids is None and plain.repetition_detection is None and plain.extra_args is None
