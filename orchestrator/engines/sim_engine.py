@@ -81,22 +81,19 @@ def load_detokenizer(source: str):
     return Tokenizer.from_file(str(Path(source) / "tokenizer.json"))
 
 
-def _unsupported(request: EngineRequest) -> str | None:
-    """Why a simulated engine, which computes no logits and writes no real text, cannot honour the
-    request's first such option; None when it can."""
+def _needs_logits(request: EngineRequest) -> str | None:
+    """The first output option that a simulated engine, which computes no logits, cannot honour."""
     s = request.sampling
-    needs_logits = [
-        ("logprobs", s.logprobs is not None),
-        ("prompt_logprobs", s.prompt_logprobs is not None),
-        ("a structured output", s.structured is not None),
-        ("logit_bias", bool(s.logit_bias)),
-        ("allowed_token_ids / bad_words", s.allowed_token_ids is not None or bool(s.bad_words)),
-    ]
-    option = next((name for name, asked in needs_logits if asked), None)
-    if option is not None:
-        return f"{option} needs a model's logits; the simulated engine has none"
-    if s.repetition_detection is not None:
-        return "repetition_detection reads a model's output; the simulated engine's is synthetic"
+    if s.logprobs is not None:
+        return "logprobs"
+    if s.prompt_logprobs is not None:
+        return "prompt_logprobs"
+    if s.structured is not None:
+        return "a structured output"
+    if s.logit_bias:
+        return "logit_bias"
+    if s.allowed_token_ids is not None or s.bad_words:
+        return "allowed_token_ids / bad_words"
     return None
 
 
@@ -204,9 +201,13 @@ class SimEngine:
     # -- requests ---------------------------------------------------------------
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
-        unsupported = _unsupported(request)
+        unsupported = _needs_logits(request)
         if unsupported:
-            raise EngineRequestRejected(unsupported)
+            raise EngineRequestRejected(f"{unsupported} needs a model's logits; the simulated engine has none")
+        if request.sampling.repetition_detection is not None:
+            raise EngineRequestRejected(
+                "repetition_detection reads a model's output; the simulated engine's is synthetic"
+            )
         transfer_s = None
         if request.kv_transfer is not None:
             transfer_s = self._transfer_time(request.kv_transfer.num_tokens)

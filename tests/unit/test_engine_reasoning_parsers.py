@@ -9,8 +9,7 @@ import pytest
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.parser.parser_manager import ParserManager
 
-from orchestrator.engines import check_output_parsers
-from tests.factories import FakePool, aggregated_config, chat, json_events, make_frontend, tiny_tokenizer
+from tests.factories import FakePool, chat, json_events, make_frontend, tiny_tokenizer
 
 FORMAT_TOKENS = ["<think>", "</think>", "<seed:think>", "</seed:think>"]
 
@@ -93,13 +92,7 @@ def test_hidden_reasoning_leaves_the_answer(tokenizer):
     assert not any(d.get("reasoning") for d in deltas)
 
 
-def test_a_format_name_is_checked_against_the_engines_registry_when_the_app_is_built(tokenizer):
-    check_output_parsers(aggregated_config("vllm", reasoning_parser="glm45"))  # vLLM's
-    check_output_parsers(aggregated_config("sim", reasoning_parser="qwen3"))  # the frontend's own
-    with pytest.raises(ValueError, match=r"reasoning_parser 'nope' is not a format of this app's engine \(vllm\)"):
-        check_output_parsers(aggregated_config("vllm", reasoning_parser="nope"))
-    with pytest.raises(ValueError, match=r"'glm45' is not a format of this app's engine \(sim\); known: deepseek_r1"):
-        check_output_parsers(aggregated_config("sim", reasoning_parser="glm45"))
+def test_a_format_this_model_or_text_cannot_carry_fails_the_build(tokenizer):
     with pytest.raises(ValueError, match="'k2_horizon' cannot read this model's output"):  # tokens not in the vocab
         _frontend(tokenizer, "k2_horizon")
     with pytest.raises(ValueError, match="'openai_gptoss' does not read reasoning from text"):

@@ -10,10 +10,11 @@ import importlib
 import pytest
 
 from orchestrator.config import AppConfig, KVCacheConfig, ModelConfig, NetworkConfig, PoolConfig
-from orchestrator.engines import ADAPTER_MODULES, EngineAdapter, EngineSpec, engine_adapter
+from orchestrator.engines import ADAPTER_MODULES, EngineAdapter, EngineSpec, check_output_parsers, engine_adapter
 from orchestrator.engines.adapter import PlannerInputs
 from orchestrator.engines.base import EngineRole, KVHandoff
 from orchestrator.placement import ReplicaPlacement
+from tests.factories import aggregated_config
 
 KINDS = sorted(ADAPTER_MODULES)
 MODEL = ModelConfig(name="m", source="org/m", max_model_len=4096)
@@ -100,3 +101,26 @@ def test_a_pools_spec_carries_the_application_settings(policy, published):
         app.network,
         publish_kv_events=published,
     )
+
+
+# (config field, a vLLM-only name, a frontend-own name, the first name a simulated engine knows)
+OUTPUT_FORMATS = [
+    ("tool_call_parser", "qwen3_coder", "hermes", "hermes"),
+    ("reasoning_parser", "glm45", "qwen3", "deepseek_r1"),
+]
+
+
+@pytest.mark.parametrize("field, vllms, own, first_own", OUTPUT_FORMATS)
+def test_an_output_format_name_is_checked_against_the_engines_registry_when_the_app_is_built(
+    field, vllms, own, first_own
+):
+    check_output_parsers(aggregated_config("vllm", **{field: vllms}))  # vLLM's
+    check_output_parsers(aggregated_config("sim", **{field: own}))  # the frontend's own
+    with pytest.raises(
+        ValueError, match=rf"{field} 'nope' is not a format of this app's engine \(vllm\); known: .*{vllms}"
+    ):
+        check_output_parsers(aggregated_config("vllm", **{field: "nope"}))
+    with pytest.raises(
+        ValueError, match=rf"'{vllms}' is not a format of this app's engine \(sim\); known: {first_own}"
+    ):
+        check_output_parsers(aggregated_config("sim", **{field: vllms}))

@@ -9,8 +9,7 @@ import json
 
 import pytest
 
-from orchestrator.engines import check_output_parsers
-from tests.factories import FakePool, aggregated_config, chat, json_events, make_frontend, tiny_tokenizer
+from tests.factories import FakePool, chat, json_events, make_frontend, tiny_tokenizer
 
 # The special tokens of the formats below, added to the tiny model's tokenizer as each model's own has them.
 FORMAT_TOKENS = [
@@ -156,13 +155,7 @@ def test_an_output_without_a_call_stays_content(tokenizer):
     )
 
 
-def test_a_format_name_is_checked_against_the_engines_registry_when_the_app_is_built(tokenizer):
-    check_output_parsers(aggregated_config("vllm", tool_call_parser="qwen3_coder"))  # vLLM's
-    check_output_parsers(aggregated_config("sim", tool_call_parser="hermes"))  # the frontend's own
-    with pytest.raises(ValueError, match=r"'nope' is not a format of this app's engine \(vllm\); known: .*qwen3_coder"):
-        check_output_parsers(aggregated_config("vllm", tool_call_parser="nope"))
-    with pytest.raises(ValueError, match=r"'qwen3_coder' is not a format of this app's engine \(sim\); known: hermes"):
-        check_output_parsers(aggregated_config("sim", tool_call_parser="qwen3_coder"))
+def test_a_format_this_model_or_text_cannot_carry_fails_the_build(tokenizer):
     with pytest.raises(ValueError, match="'jamba' cannot read this model's output"):  # its tokens are not in this vocab
         _frontend(tokenizer, "jamba")
     with pytest.raises(ValueError, match="'openai' does not read calls from text"):
