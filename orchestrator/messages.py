@@ -27,6 +27,7 @@ class StructuredKind(str, enum.Enum):
     REGEX = "regex"
     CHOICE = "choice"  # `value`: the allowed strings
     GRAMMAR = "grammar"  # EBNF / GBNF / Lark, as the engine's backend reads it
+    STRUCTURAL_TAG = "structural_tag"  # `value`: xgrammar's structural tag, serialised (vLLM's and SGLang's)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,15 @@ class StructuredOutput:
 
     kind: StructuredKind
     value: str | tuple[str, ...] = ""
+    # vLLM's options of the compiled grammar: no free whitespace, no properties a JSON schema does not
+    # name, or whitespace matching this pattern.
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+
+    @property
+    def has_options(self) -> bool:
+        return self.disable_any_whitespace or self.disable_additional_properties or self.whitespace_pattern is not None
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 
 class Tokenizer(Protocol):
@@ -41,10 +41,23 @@ class ChatTemplateOptions:
     variables: tuple[tuple[str, Any], ...] = ()  # chat_template_kwargs, e.g. enable_thinking
 
 
+class ChatPrompt(NamedTuple):
+    text: str  # the rendered template
+    token_ids: tuple[int, ...]
+
+
 class PromptRenderer:
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
         self.vocab_size = len(tokenizer)
+
+    @property
+    def template(self) -> str | None:
+        """The model's chat template (the default one of a tokenizer that names several)."""
+        template = getattr(self.tokenizer, "chat_template", None)
+        if isinstance(template, dict):
+            return template.get("default")
+        return template if isinstance(template, str) else None
 
     def completion_prompt(self, prompt: str | Sequence[int], add_special_tokens: bool = True) -> tuple[int, ...]:
         if isinstance(prompt, str):
@@ -56,7 +69,7 @@ class PromptRenderer:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         options: ChatTemplateOptions | None = None,
-    ) -> tuple[int, ...]:
+    ) -> ChatPrompt:
         """`tools` go to the template as vLLM passes them (templates without tool support ignore them).
         Raises ValueError when the template refuses the conversation."""
         o = options or ChatTemplateOptions()
@@ -71,7 +84,7 @@ class PromptRenderer:
             )
         except Exception as e:  # the template's own raise_exception, or a variable it cannot use
             raise ValueError(f"the chat template failed: {e}") from e
-        return tuple(self.tokenizer.encode(text, add_special_tokens=o.add_special_tokens))
+        return ChatPrompt(text, tuple(self.tokenizer.encode(text, add_special_tokens=o.add_special_tokens)))
 
     def text(self, token_ids: Sequence[int]) -> str:
         """A prompt's text as echoed back (special tokens kept, as vLLM's echo does)."""

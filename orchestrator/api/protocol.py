@@ -10,9 +10,12 @@ OpenAI server, extensions included (`structured_outputs`, `return_token_ids`,
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+
+from orchestrator.messages import StructuredKind, StructuredOutput
 
 
 class _Body(BaseModel):
@@ -31,15 +34,49 @@ class JsonSchemaFormat(_Body):
     strict: bool | None = None
 
 
+class LegacyStructuralTag(_Body):
+    begin: str
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    end: str
+
+
 class ResponseFormat(_Body):
-    type: Literal["text", "json_object", "json_schema"]
+    """OpenAI's formats, and vLLM's `structural_tag` in both its forms: `format` (xgrammar's structural
+    tag) or the older `structures` + `triggers`."""
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: JsonSchemaFormat | None = None
+    format: dict[str, Any] | None = None
+    structures: list[LegacyStructuralTag] | None = None
+    triggers: list[str] | None = None
 
     @model_validator(mode="after")
     def _schema_given(self) -> ResponseFormat:
         if self.type == "json_schema" and (self.json_schema is None or self.json_schema.schema_ is None):
             raise ValueError('type "json_schema" needs json_schema.schema')
+        if self.type == "structural_tag" and (self.format is None) == (self.structures is None):
+            raise ValueError('type "structural_tag" needs either format, or structures and triggers')
+        if self.structures is not None and self.triggers is None:
+            raise ValueError('type "structural_tag" with structures needs triggers')
         return self
+
+    def constraint(self) -> StructuredOutput | None:
+        """What the format holds the output to; None for "text"."""
+        if self.type == "json_object":
+            return StructuredOutput(StructuredKind.JSON_OBJECT)
+        if self.type == "json_schema":
+            assert self.json_schema is not None
+            return StructuredOutput(StructuredKind.JSON, json.dumps(self.json_schema.schema_))
+        if self.type == "structural_tag":
+            return StructuredOutput(StructuredKind.STRUCTURAL_TAG, self._structural_tag())
+        return None
+
+    def _structural_tag(self) -> str:
+        """The tag as vLLM hands it to the engine: the format's object, serialised."""
+        if self.format is not None:
+            return json.dumps({"type": self.type, "format": self.format})
+        structures = [s.model_dump(by_alias=True) for s in self.structures or ()]
+        return json.dumps({"type": self.type, "structures": structures, "triggers": self.triggers})
 
 
 class StructuredOutputsBody(_Body):
@@ -50,13 +87,42 @@ class StructuredOutputsBody(_Body):
     choice: list[str] | None = Field(default=None, min_length=1)
     grammar: str | None = None
     json_object: bool | None = None
+    structural_tag: str | None = None  # xgrammar's structural tag, serialised
+    # Options of the compiled grammar, as vLLM's.
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
 
     @model_validator(mode="after")
     def _exactly_one(self) -> StructuredOutputsBody:
-        given = [k for k in ("json_", "regex", "choice", "grammar", "json_object") if getattr(self, k)]
+        given = [k for k in _CONSTRAINT_FIELDS if getattr(self, k)]
         if len(given) != 1:
-            raise ValueError("set exactly one of json, regex, choice, grammar, json_object")
+            raise ValueError("set exactly one of json, regex, choice, grammar, json_object, structural_tag")
         return self
+
+    def constraint(self) -> StructuredOutput:
+        field = next(k for k in _CONSTRAINT_FIELDS if getattr(self, k))
+        value = getattr(self, field)
+        if isinstance(value, dict):
+            value = json.dumps(value)
+        return StructuredOutput(
+            _CONSTRAINT_FIELDS[field],
+            "" if isinstance(value, bool) else tuple(value) if isinstance(value, list) else value,
+            disable_any_whitespace=self.disable_any_whitespace,
+            disable_additional_properties=self.disable_additional_properties,
+            whitespace_pattern=self.whitespace_pattern,
+        )
+
+
+# The constraint fields of `structured_outputs` -> their kind.
+_CONSTRAINT_FIELDS = {
+    "json_": StructuredKind.JSON,
+    "regex": StructuredKind.REGEX,
+    "choice": StructuredKind.CHOICE,
+    "grammar": StructuredKind.GRAMMAR,
+    "json_object": StructuredKind.JSON_OBJECT,
+    "structural_tag": StructuredKind.STRUCTURAL_TAG,
+}
 
 
 CACHE_SALT_MAX_LENGTH = 128
@@ -90,6 +156,42 @@ class RepetitionDetectionBody(_Body):
                 "detect repetitive patterns, set max_pattern_size to 0."
             )
         return self
+
+
+class NotServed(NamedTuple):
+    """A field this server takes only at a value that asks for nothing (`no_op`), and why."""
+
+    reason: str
+    no_op: tuple[Any, ...] = (None,)
+
+
+# Fields of vLLM's server and OpenAI's API asking for what this server does not do: a 400 with the reason
+# unless at a no-op value (vLLM's server reads the first four; OpenAI's fields it ignores).
+NOT_SERVED_FIELDS: dict[str, NotServed] = {
+    "kv_transfer_params": NotServed("this server moves the KV cache between its pools itself"),
+    "ec_transfer_params": NotServed("encoder caches are not transferred here (text-only models)"),
+    "thinking_token_budget": NotServed("a thinking budget needs vLLM's reasoning config on every engine (not set)"),
+    "watermarking": NotServed("watermarking is not built here (vLLM applies it in its GPU worker only)", (None, False)),
+}
+NOT_SERVED_CHAT_FIELDS: dict[str, NotServed] = {
+    "modalities": NotServed("this server answers in text only", (None, ["text"])),
+    "audio": NotServed("audio output needs an audio model; this server serves text"),
+    "web_search_options": NotServed("this server has no web search"),
+    "functions": NotServed("the deprecated `functions` are not served: give them as `tools`"),
+    "function_call": NotServed("the deprecated `function_call` is not served: use `tool_choice`"),
+    "moderation": NotServed("this server runs no moderation"),
+}
+NOT_SERVED_COMPLETION_FIELDS: dict[str, NotServed] = {
+    "prompt_embeds": NotServed("prompt embeddings are not carried over this server's pools"),
+}
+
+
+def _not_served(body: BaseModel, table: dict[str, NotServed]) -> list[Unsupported]:
+    return [
+        Unsupported(name, f"{name}: {entry.reason}")
+        for name, entry in table.items()
+        if getattr(body, name) not in entry.no_op
+    ]
 
 
 # vllm_xargs keys this server sets itself: the KV transfer between its pools.
@@ -152,6 +254,15 @@ class _SamplingFields(_Body):
     repetition_detection: RepetitionDetectionBody | None = None
     # vLLM's: arguments for the engine's custom extensions (its SamplingParams.extra_args).
     vllm_xargs: dict[str, str | int | float | list[str | int | float]] | None = None
+    # vLLM's, for engines or endpoints this server does not run: accepted at values that ask nothing.
+    routed_experts_prompt_start: int = Field(default=0, ge=0)  # no routed-expert data is returned here
+    mm_payload: Literal["tensors", "none"] = "tensors"  # /render's; no media here
+    return_mm_kwargs: bool | None = None  # /render's, deprecated
+    # NOT_SERVED_FIELDS: a 400 with the reason unless at their no-op value.
+    kv_transfer_params: Any = None
+    ec_transfer_params: Any = None
+    thinking_token_budget: Any = None
+    watermarking: Any = None
 
     @field_validator("vllm_xargs")
     @classmethod
@@ -209,7 +320,7 @@ class _SamplingFields(_Body):
             )
         if self.use_beam_search:
             found.append(Unsupported("use_beam_search", "beam search is not supported by this server"))
-        return found
+        return found + _not_served(self, NOT_SERVED_FIELDS)
 
 
 class CompletionRequest(_SamplingFields):
@@ -219,6 +330,7 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = Field(default=None, ge=0)
     suffix: str | None = None
     add_special_tokens: bool = True  # the tokenizer's BOS and the like, around a text prompt
+    prompt_embeds: Any = None  # NOT_SERVED_COMPLETION_FIELDS
 
     @field_validator("prompt")
     @classmethod
@@ -238,12 +350,33 @@ class CompletionRequest(_SamplingFields):
         found = super().unsupported_fields()
         if self.suffix:
             found.append(Unsupported("suffix", "suffix is not supported (nor by vLLM's server)"))
-        return found
+        return found + _not_served(self, NOT_SERVED_COMPLETION_FIELDS)
 
 
-class TextPart(_Body):
-    type: Literal["text"]
-    text: str
+# Content part types read as text (vLLM's TEXT_PART_TYPES) -> the key holding the text.
+TEXT_PART_KEYS = {
+    "text": "text",
+    "input_text": "text",
+    "output_text": "text",
+    "refusal": "refusal",
+    "thinking": "thinking",
+}
+
+
+class ContentPart(BaseModel):
+    """A text part of a message's content. Its other keys (e.g. `cache_control`) are kept, as vLLM
+    keeps them for templates that read a message's parts."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text", "input_text", "output_text", "refusal", "thinking"]
+    text: str | None = None
+    refusal: str | None = None
+    thinking: str | None = None
+    closed: bool | None = None  # a thinking part's
+
+    def value(self) -> str:
+        return getattr(self, TEXT_PART_KEYS[self.type])
 
 
 class FunctionCall(_Body):
@@ -264,34 +397,54 @@ class ChatMessage(_Body):
     tool_call_id: str | None = None
     reasoning: str | None = None
     reasoning_content: str | None = None  # the older name vLLM still reads
-    # After `role` and `tool_calls`: its check reads them.
-    content: str | list[TextPart] | None = Field(default=None, validate_default=True)
+    # OpenAI's answer fields, sent back with an earlier answer; no template reads them (nor vLLM's).
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    audio: dict[str, Any] | None = None
+    function_call: FunctionCall | None = None  # OpenAI's deprecated single call
+    # After `role`: its check reads it. An assistant's may be absent (tool calls, a refusal).
+    content: str | list[ContentPart | str] | None = Field(default=None, validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_parts(cls, data: Any) -> Any:
+        """Each content part a text part with its text (said plainly, before pydantic's union errors)."""
+        parts = data.get("content") if isinstance(data, dict) else None
+        for part in parts if isinstance(parts, list) else ():
+            if not isinstance(part, dict):
+                continue
+            kind = part.get("type")
+            if kind not in TEXT_PART_KEYS:
+                raise ValueError(
+                    f"content parts of type {kind!r} are not supported: this server serves a text-only model "
+                    f"(parts of type {', '.join(TEXT_PART_KEYS)} are)"
+                )
+            if not isinstance(part.get(TEXT_PART_KEYS[kind]), str):
+                raise ValueError(f"a {kind!r} content part needs its {TEXT_PART_KEYS[kind]!r} text")
+        return data
 
     @field_validator("content")
     @classmethod
     def _content_given(cls, v: Any, info: ValidationInfo) -> Any:
-        if v is None and not (info.data.get("role") == "assistant" and info.data.get("tool_calls")):
+        if v is None and info.data.get("role") != "assistant":
             raise ValueError("content is required (an assistant message may give tool_calls instead)")
         return v
 
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
-
 
 class FunctionDefinition(_Body):
-    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_\-\.]+$")
+    # Any non-empty name, as vLLM's server takes (OpenAI's own API allows [A-Za-z0-9_-]{1,64}; MCP servers'
+    # tools are often named "server.tool" or "server:tool").
+    name: str = Field(min_length=1)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    defer_loading: bool | None = None  # vLLM's, for templates that load some tools only when searched for
 
 
 class Tool(_Body):
     type: Literal["function"] = "function"
     function: FunctionDefinition
+    defer_loading: bool | None = None  # the function's too, unless it says otherwise (vLLM's rule)
 
 
 class NamedFunction(_Body):
@@ -329,6 +482,28 @@ class ChatCompletionRequest(_SamplingFields):
     # The last message's content written before the answer, when it has the answer's role (vLLM's chat echo).
     echo: bool = False
     chat_template: str | None = None  # refused: a template is code, and only the model's runs here
+    return_prompt_text: bool | None = None  # vLLM's: the rendered prompt in the answer (a stream's first event)
+    media_io_kwargs: dict[str, dict[str, Any]] | None = None  # vLLM's media loading options; no media here
+    mm_processor_kwargs: dict[str, Any] | None = None  # vLLM's, for the HF processor of media; no media here
+    # OpenAI's fields that ask nothing of the answer: stored completions, billing tiers and safety ids, its
+    # prompt cache's routing hints (the KV-aware scheduler routes by the prompt's blocks themselves),
+    # predicted outputs (a latency hint), GPT-5's verbosity. Accepted and unused, as vLLM's server.
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_retention: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    # NOT_SERVED_CHAT_FIELDS: a 400 with the reason unless at their no-op value.
+    modalities: list[str] | None = None
+    audio: Any = None
+    web_search_options: Any = None
+    functions: Any = None
+    function_call: Any = None
+    moderation: Any = None
 
     @field_validator("chat_template_kwargs")
     @classmethod
@@ -396,4 +571,4 @@ class ChatCompletionRequest(_SamplingFields):
         if forced and constrained:
             # A forced tool call's arguments are already the constraint.
             found.append(Unsupported("tool_choice", "a forced tool call cannot also take response_format"))
-        return found
+        return found + _not_served(self, NOT_SERVED_CHAT_FIELDS)

@@ -73,15 +73,18 @@ def whole_response(
     usage_body: dict[str, Any],
     prompt_token_ids: list[int] | None = None,
     prompt_logprobs: list[dict[str, Any] | None] | None = None,
+    prompt_text: str | None = None,
 ) -> dict[str, Any]:
     """`prompt_token_ids`, `prompt_logprobs`: chat's at the top (as vLLM's server
-    puts them); a completion's are in its choices."""
+    puts them); a completion's are in its choices. `prompt_text`: chat's rendered template."""
     obj = "text_completion" if endpoint is Endpoint.COMPLETIONS else "chat.completion"
     body = {"id": h.id, "object": obj, "created": h.created, "model": h.model, "choices": choices}
     if prompt_logprobs is not None:
         body["prompt_logprobs"] = prompt_logprobs
     if prompt_token_ids is not None:
         body["prompt_token_ids"] = prompt_token_ids
+    if prompt_text is not None:
+        body["prompt_text"] = prompt_text
     body["usage"] = usage_body
     return body
 
@@ -92,9 +95,14 @@ def chunk(endpoint: Endpoint, h: ResponseHeader, choices: list[dict[str, Any]]) 
 
 
 def role_chunk(
-    h: ResponseHeader, index: int = 0, prompt_token_ids: list[int] | None = None, role: str = "assistant"
+    h: ResponseHeader,
+    index: int = 0,
+    prompt_token_ids: list[int] | None = None,
+    role: str = "assistant",
+    prompt_text: str | None = None,
 ) -> dict[str, Any]:
-    """A chat choice's first chunk: the answer's role, no content yet (and the prompt's token ids, when asked)."""
+    """A chat choice's first chunk: the answer's role, no content yet (and the prompt's token ids and
+    rendered text, when asked)."""
     body = chunk(
         Endpoint.CHAT,
         h,
@@ -102,6 +110,8 @@ def role_chunk(
     )
     if prompt_token_ids is not None:
         body["prompt_token_ids"] = prompt_token_ids
+    if prompt_text is not None:
+        body["prompt_text"] = prompt_text
     return body
 
 

@@ -24,9 +24,10 @@ from pydantic import ValidationError
 
 from orchestrator.api import sse
 from orchestrator.api.admission import AdmissionGate
+from orchestrator.api.chat_messages import TemplateTraits, content_text, template_messages
 from orchestrator.api.errors import APIError, bad_request, from_validation_error, model_not_found, server_error
 from orchestrator.api.logprobs import CompletionLogprobs, Unscored, chat_logprobs, prompt_logprobs_body
-from orchestrator.api.protocol import ChatCompletionRequest, ChatMessage, CompletionRequest, ToolCall
+from orchestrator.api.protocol import ChatCompletionRequest, CompletionRequest
 from orchestrator.api.reasoning_parsers import ReasoningParser
 from orchestrator.api.responses import (
     Endpoint,
@@ -53,7 +54,6 @@ from orchestrator.messages import (
     PositionLogprobs,
     RepetitionDetection,
     SamplingSpec,
-    StructuredKind,
     StructuredOutput,
 )
 from orchestrator.metrics import FrontendMetrics
@@ -113,6 +113,7 @@ class OutputOptions:
     stream_interval: int = 1  # tokens an SSE event waits for, between a choice's first and last
     # Chat: the template's variables (chat_template_kwargs and the request's own), which a reasoning format may read.
     template_variables: tuple[tuple[str, Any], ...] = ()
+    prompt_text: str | None = None  # chat with return_prompt_text: the rendered template, in the answer
 
 
 @dataclass(frozen=True)
@@ -178,25 +179,11 @@ def _for_choice(base: SamplingSpec, max_tokens: int, sample: int) -> SamplingSpe
 
 def _constraint(req: CompletionRequest | ChatCompletionRequest) -> tuple[StructuredOutput | None, str | None]:
     """The output constraint a request asks for, and the field it came from."""
-    fmt = req.response_format
-    if fmt is not None and fmt.type == "json_object":
-        return StructuredOutput(StructuredKind.JSON_OBJECT), "response_format"
-    if fmt is not None and fmt.type == "json_schema":
-        assert fmt.json_schema is not None and fmt.json_schema.schema_ is not None
-        return StructuredOutput(StructuredKind.JSON, json.dumps(fmt.json_schema.schema_)), "response_format"
-    so = req.structured_outputs
-    if so is None:
-        return None, None
-    if so.json_ is not None:
-        value = so.json_ if isinstance(so.json_, str) else json.dumps(so.json_)
-        return StructuredOutput(StructuredKind.JSON, value), "structured_outputs"
-    if so.regex is not None:
-        return StructuredOutput(StructuredKind.REGEX, so.regex), "structured_outputs"
-    if so.choice is not None:
-        return StructuredOutput(StructuredKind.CHOICE, tuple(so.choice)), "structured_outputs"
-    if so.grammar is not None:
-        return StructuredOutput(StructuredKind.GRAMMAR, so.grammar), "structured_outputs"
-    return StructuredOutput(StructuredKind.JSON_OBJECT), "structured_outputs"
+    if req.response_format is not None and (constraint := req.response_format.constraint()) is not None:
+        return constraint, "response_format"
+    if req.structured_outputs is not None:
+        return req.structured_outputs.constraint(), "structured_outputs"
+    return None, None
 
 
 def _template_variables(req: ChatCompletionRequest) -> dict[str, Any]:
@@ -210,28 +197,6 @@ def _template_variables(req: ChatCompletionRequest) -> dict[str, Any]:
         variables["reasoning_effort"] = req.reasoning_effort
         variables.setdefault("enable_thinking", req.reasoning_effort != "none")
     return variables
-
-
-def _template_message(m: ChatMessage) -> dict[str, Any]:
-    """A message as chat templates read it; tool-call arguments as objects, as vLLM passes them."""
-    out: dict[str, Any] = {"role": m.role, "content": m.text()}
-    if m.name is not None:
-        out["name"] = m.name
-    if m.tool_call_id is not None:
-        out["tool_call_id"] = m.tool_call_id
-    if m.tool_calls:
-        out["tool_calls"] = [
-            {"id": c.id, "type": c.type, "function": {"name": c.function.name, "arguments": _arguments(c)}}
-            for c in m.tool_calls
-        ]
-    return out
-
-
-def _arguments(call: ToolCall) -> Any:
-    try:
-        return json.loads(call.function.arguments)
-    except ValueError:
-        return call.function.arguments
 
 
 class _Slot:
@@ -309,6 +274,7 @@ class CompletionService:
     ) -> None:
         self.model = model
         self.renderer = renderer
+        self.template_traits = TemplateTraits.of(renderer.template)  # how messages are given to the template
         # `path` serves every request, unless `shape_router` is given: then it
         # names, per request, the group whose path in `group_paths` serves it.
         self.path = path
@@ -383,6 +349,7 @@ class CompletionService:
         structured, constraint_param = _constraint(req)
 
         tools, keep_special, chat_echo, reasoning, hide_reasoning = None, False, "", None, False
+        prompt_text: str | None = None
         variables: tuple[tuple[str, Any], ...] = ()
         if isinstance(req, CompletionRequest):
             prompts = await self._completion_prompts(req)
@@ -395,7 +362,7 @@ class CompletionService:
             if tools is not None and tools.constraint is not None:
                 structured, constraint_param = tools.constraint, "tools"
             keep_special = tools is not None and tools.parser is not None and tools.parser.keeps_special_tokens
-            messages = [_template_message(m) for m in req.messages]
+            messages = template_messages(req.messages, self.template_traits)
             variables = tuple(_template_variables(req).items())
             options = ChatTemplateOptions(
                 req.add_generation_prompt, req.continue_final_message, req.add_special_tokens, variables
@@ -406,10 +373,11 @@ class CompletionService:
                 )
             except ValueError as e:
                 raise bad_request(str(e), param="messages") from None
-            prompts = [prompt]
+            prompts = [prompt.token_ids]
+            prompt_text = prompt.text if req.return_prompt_text else None
             last = req.messages[-1]
             if req.echo and last.role == req.response_role:
-                chat_echo = last.text()
+                chat_echo = content_text(last)
             requested, prompt_param = req.requested_max_tokens, "messages"
             reasoning = self.reasoning_parser if structured is None else None  # a constrained output has none
             keep_special = keep_special or (reasoning is not None and reasoning.keeps_special_tokens)
@@ -468,6 +436,7 @@ class CompletionService:
                 hide_reasoning=hide_reasoning,
                 stream_interval=req.stream_interval or 1,
                 template_variables=variables,
+                prompt_text=prompt_text,
             ),
         )
 
@@ -702,7 +671,9 @@ class CompletionService:
             chat_prompt_ids = list(p.prompts[0]) if p.options.return_token_ids else None
             chat_prompt_logprobs = states[0].prompt_logprobs()
         choices = [s.whole_choice() for s in states]
-        return whole_response(p.endpoint, p.header, choices, usage_body, chat_prompt_ids, chat_prompt_logprobs)
+        return whole_response(
+            p.endpoint, p.header, choices, usage_body, chat_prompt_ids, chat_prompt_logprobs, p.options.prompt_text
+        )
 
     async def _sse(self, p: PreparedRequest, slot: _Slot) -> AsyncIterator[str]:
         states = [_ChoiceState(plan, p) for plan in p.choices]
@@ -715,9 +686,12 @@ class CompletionService:
     async def _sse_events(self, p: PreparedRequest, states: list[_ChoiceState]) -> AsyncIterator[str]:
         try:
             if p.endpoint is Endpoint.CHAT:
+                # Each choice's first chunk carries the prompt's ids and text when asked, as vLLM's.
+                prompt_ids = list(p.prompts[0]) if p.options.return_token_ids else None
                 for s in states:
-                    prompt_ids = list(p.prompts[0]) if p.options.return_token_ids and s.plan.index == 0 else None
-                    yield sse.event(role_chunk(p.header, s.plan.index, prompt_ids, p.options.role))
+                    yield sse.event(
+                        role_chunk(p.header, s.plan.index, prompt_ids, p.options.role, p.options.prompt_text)
+                    )
                 for s in states:  # the echoed last message, as vLLM sends it: one chunk after the roles
                     if s.plan.echo:
                         yield sse.event(

@@ -95,5 +95,16 @@ def tool_mode(
 
 
 def template_tools(tools: list[Tool] | None) -> list[dict[str, Any]] | None:
-    """Tools as chat templates read them (the request's own JSON)."""
-    return [t.model_dump(exclude_none=True) for t in tools] if tools else None
+    """Tools as vLLM's server gives them to chat templates (its ChatCompletionToolsParam dumped): a
+    function's description and parameters always there (None when not given), `strict` and
+    `defer_loading` only when set, a tool's `defer_loading` also its function's unless that sets its own."""
+    return [_template_tool(t) for t in tools] if tools else None
+
+
+def _template_tool(tool: Tool) -> dict[str, Any]:
+    f = tool.function
+    defer = f.defer_loading if f.defer_loading is not None else tool.defer_loading
+    function = {"name": f.name, "description": f.description, "parameters": f.parameters}
+    function |= {k: v for k, v in (("strict", f.strict), ("defer_loading", defer)) if v is not None}
+    out: dict[str, Any] = {"type": tool.type, "function": function}
+    return out | ({"defer_loading": tool.defer_loading} if tool.defer_loading is not None else {})

@@ -332,8 +332,10 @@ def sampling_params(spec: SamplingSpec) -> dict[str, Any]:
 
 
 def structured_params(structured: StructuredOutput) -> dict[str, str]:
-    """SGLang's constraint keys (`json_schema`, `regex`, `ebnf`) for a constraint."""
+    """SGLang's constraint keys (`json_schema`, `regex`, `ebnf`, `structural_tag`) for a constraint."""
     kind, value = structured.kind, structured.value
+    if kind is StructuredKind.STRUCTURAL_TAG:
+        return {"structural_tag": str(value)}
     if kind is StructuredKind.JSON:
         return {"json_schema": str(value)}
     if kind is StructuredKind.JSON_OBJECT:
@@ -667,6 +669,11 @@ class SglangEngine:
             raise EngineRequestRejected("cache_salt is not wired to SGLang's prefix cache in this adapter")
         if request.sampling.allowed_token_ids is not None or request.sampling.bad_words:
             raise EngineRequestRejected("allowed_token_ids and bad_words are vLLM's; SGLang has no equivalent")
+        if request.sampling.structured is not None and request.sampling.structured.has_options:
+            raise EngineRequestRejected(
+                "disable_any_whitespace, disable_additional_properties and whitespace_pattern are vLLM's; "
+                "SGLang has no equivalent"
+            )
         if request.sampling.repetition_detection is not None or request.sampling.extra_args:
             raise EngineRequestRejected("repetition_detection and vllm_xargs are vLLM's; not wired to SGLang")
         rid = f"{request.request_id}-{uuid.uuid4().hex[:8]}"

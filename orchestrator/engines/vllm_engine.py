@@ -141,7 +141,12 @@ def structured_outputs_params(structured: StructuredOutput | None):
         value = True
     elif structured.kind is StructuredKind.CHOICE:
         value = list(structured.value)
-    return StructuredOutputsParams(**{structured.kind.value: value})
+    return StructuredOutputsParams(
+        **{structured.kind.value: value},
+        disable_any_whitespace=structured.disable_any_whitespace,
+        disable_additional_properties=structured.disable_additional_properties,
+        whitespace_pattern=structured.whitespace_pattern,
+    )
 
 
 def position_logprobs(token_ids: Any, logprobs: Any) -> tuple[PositionLogprobs, ...] | None:

@@ -115,6 +115,29 @@ def test_structured_outputs_and_n_samples_are_the_same_disaggregated_and_aggrega
     assert texts == [c["message"]["content"] for c in agg["choices"]]
 
 
+def test_a_structural_tag_holds_the_output_to_its_tag_the_same_disaggregated_and_aggregated(apps):
+    """xgrammar's structural tag (vLLM's response_format "structural_tag"): the output is the tag's
+    begin, JSON valid under its schema, then its end; with disable_any_whitespace, no free whitespace."""
+    tag = {"type": "tag", "begin": "<f>", "content": {"type": "json_schema", "json_schema": SCHEMA}, "end": "</f>"}
+    body = {
+        "model": MODEL,
+        "messages": long_chat(503),
+        "max_tokens": 300,
+        "seed": 5,
+        "response_format": {"type": "structural_tag", "format": tag},
+    }
+    disagg, took = taken(apps, "disagg", lambda: post_json(apps, "disagg", "/v1/chat/completions", body))
+    assert took == REMOTE
+    text = disagg["choices"][0]["message"]["content"]
+    assert text.startswith("<f>") and text.endswith("</f>"), text
+    jsonschema.validate(json.loads(text[3:-4]), SCHEMA)
+    assert post_json(apps, "agg", "/v1/chat/completions", body)["choices"][0]["message"]["content"] == text
+    tight = {"structured_outputs": {"json": SCHEMA, "disable_any_whitespace": True}}
+    compact = post_json(apps, "agg", "/v1/chat/completions", {**body, "response_format": None, **tight})
+    answer = compact["choices"][0]["message"]["content"]
+    assert json.dumps(json.loads(answer), separators=(",", ":"), ensure_ascii=False) == answer
+
+
 @pytest.mark.parametrize("app", ["agg", "disagg"])
 def test_a_named_tool_choice_returns_a_call_whose_arguments_validate(apps, app):
     body = {
@@ -378,6 +401,26 @@ def test_the_openai_sdk_drives_every_parameter(apps):
         },
     )
     assert open_ended.choices[0].message.content.startswith("Hello, I")  # the echoed message, then the answer
+    first = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    followed = client.chat.completions.create(
+        model=MODEL,
+        messages=[
+            {"role": "user", "content": "hi"},
+            first.choices[0].message,  # the SDK's own answer object, sent back as the next turn's history
+            {"role": "user", "content": [{"type": "text", "text": "and"}, {"type": "text", "text": "then"}]},
+        ],
+        max_tokens=2,
+        store=False,
+        metadata={"team": "search"},
+        service_tier="auto",
+        prompt_cache_key="session-1",
+        safety_identifier="user-1",
+        verbosity="low",
+        prediction={"type": "content", "content": "then what"},
+        extra_body={"return_prompt_text": True},
+    )
+    # The parts joined as vLLM joins them, in the tiny model's template.
+    assert "<|user|>\nand\nthen</s>" in followed.model_extra["prompt_text"]
     chat = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": "hello"}],

@@ -255,6 +255,32 @@ def test_response_format_constrains_the_decode_side_only():
     assert fe.decode.generates[-1].sampling.structured == StructuredOutput(StructuredKind.JSON_OBJECT)
 
 
+def test_structural_tags_in_both_forms_and_grammar_options_reach_the_engine_as_vllm_sends_them():
+    fe = make_frontend()
+    tag = {"type": "tag", "begin": "<f>", "content": {"type": "json_schema", "json_schema": {}}, "end": "</f>"}
+    assert _chat(fe, max_tokens=2, response_format={"type": "structural_tag", "format": tag}).status_code == 200
+    assert fe.decode.generates[-1].sampling.structured == StructuredOutput(
+        StructuredKind.STRUCTURAL_TAG, json.dumps({"type": "structural_tag", "format": tag})
+    )
+    legacy = {"type": "structural_tag", "structures": [{"begin": "<f>", "end": "</f>"}], "triggers": ["<f"]}
+    assert _chat(fe, max_tokens=2, response_format=legacy).status_code == 200
+    sent = json.loads(fe.decode.generates[-1].sampling.structured.value)
+    assert sent == {
+        "type": "structural_tag",
+        "structures": [{"begin": "<f>", "schema": None, "end": "</f>"}],
+        "triggers": ["<f"],
+    }
+    options = {"disable_any_whitespace": True, "disable_additional_properties": True, "whitespace_pattern": " "}
+    _completion(fe, prompt="a", max_tokens=1, structured_outputs={"json": {"type": "object"}, **options})
+    assert fe.decode.generates[-1].sampling.structured == StructuredOutput(
+        StructuredKind.JSON, '{"type": "object"}', **options
+    )
+    _completion(fe, prompt="a", max_tokens=1, structured_outputs={"structural_tag": json.dumps(tag)})
+    assert fe.decode.generates[-1].sampling.structured.kind is StructuredKind.STRUCTURAL_TAG
+    half = _chat(fe, max_tokens=2, response_format={"type": "structural_tag", "structures": []})
+    assert half.status_code == 400 and half.json()["error"]["param"] == "response_format"
+
+
 def test_a_schema_the_engine_cannot_compile_is_a_400_naming_the_field_and_the_server_keeps_serving():
     decode = FakePool(
         "decode_pool", generate_error_after=0, generate_error=EngineRequestRejected("Grammar error: Invalid type: nope")

@@ -119,6 +119,7 @@ SERVER_ARGS = {
         EnginePorts(server=31002),
     ),
 }
+TAG = '{"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}'
 SAMPLING = {
     "every_field": SamplingSpec(
         max_tokens=32,
@@ -142,6 +143,7 @@ SAMPLING = {
         max_tokens=4, logit_bias=((5, 1.5),), structured=StructuredOutput(StructuredKind.CHOICE, ("yes", "a.b"))
     ),
     "json_schema": SamplingSpec(max_tokens=4, structured=StructuredOutput(StructuredKind.JSON, '{"type": "object"}')),
+    "structural_tag": SamplingSpec(max_tokens=4, structured=StructuredOutput(StructuredKind.STRUCTURAL_TAG, TAG)),
 }
 
 
@@ -312,6 +314,16 @@ def test_sglang_accepts_the_constraints_as_sent(sglang_code):
     answers = sglang_code["sampling_params"]
     assert answers["choice"]["params"]["regex"] == r"(yes|a\.b)"
     assert answers["json_schema"]["params"]["json_schema"] == '{"type": "object"}'
+    assert answers["structural_tag"]["params"]["structural_tag"] == TAG
+
+
+def test_vllms_grammar_options_are_refused_on_sglang():
+    fake = FakeSglang(OUTPUTS["cumulative_stream"])
+    engine = _engine(EngineRole.AGGREGATED, fake)
+    spec = StructuredOutput(StructuredKind.JSON, '{"type": "object"}', disable_any_whitespace=True)
+    with pytest.raises(EngineRequestRejected, match="disable_any_whitespace"):
+        _collect(engine, _request(structured=spec))
+    assert fake.calls == []  # refused before SGLang saw it
 
 
 def test_sglang_reads_the_sampling_params_as_meant(sglang_code):

@@ -27,7 +27,28 @@ def test_each_constraint_kind_is_vllms_field_of_that_name():
     assert structured_outputs_params(StructuredOutput(StructuredKind.REGEX, "a+")).regex == "a+"
     assert structured_outputs_params(StructuredOutput(StructuredKind.CHOICE, ("x", "y"))).choice == ["x", "y"]
     assert structured_outputs_params(StructuredOutput(StructuredKind.GRAMMAR, "root ::= 'a'")).grammar == "root ::= 'a'"
+    tag = '{"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}'
+    assert structured_outputs_params(StructuredOutput(StructuredKind.STRUCTURAL_TAG, tag)).structural_tag == tag
     assert structured_outputs_params(None) is None
+
+
+def test_grammar_options_are_vllms_fields_of_those_names():
+    spec = StructuredOutput(
+        StructuredKind.JSON,
+        '{"type": "object"}',
+        disable_any_whitespace=True,
+        disable_additional_properties=True,
+        whitespace_pattern=" ?",
+    )
+    params = structured_outputs_params(spec)
+    assert (params.disable_any_whitespace, params.disable_additional_properties) == (True, True)
+    assert params.whitespace_pattern == " ?"
+    plain = structured_outputs_params(StructuredOutput(StructuredKind.REGEX, "a+"))
+    assert (plain.disable_any_whitespace, plain.disable_additional_properties, plain.whitespace_pattern) == (
+        False,
+        False,
+        None,
+    )
 
 
 def test_sampling_params_carry_logprobs_bias_and_constraint():
