@@ -125,6 +125,8 @@ class PreparedRequest:
     stream: bool
     include_usage: bool
     arrival: float
+    # stream_options continuous_usage_stats (with include_usage): every event carries its choice's usage so far.
+    continuous_usage: bool = False
     options: OutputOptions = OutputOptions()
 
 
@@ -423,6 +425,9 @@ class CompletionService:
             prompts=tuple(prompts),
             stream=req.stream,
             include_usage=bool(req.stream_options and req.stream_options.include_usage),
+            continuous_usage=bool(
+                req.stream_options and req.stream_options.include_usage and req.stream_options.continuous_usage_stats
+            ),
             arrival=arrival,
             options=OutputOptions(
                 top,
@@ -689,19 +694,17 @@ class CompletionService:
                 # Each choice's first chunk carries the prompt's ids and text when asked, as vLLM's.
                 prompt_ids = list(p.prompts[0]) if p.options.return_token_ids else None
                 for s in states:
-                    yield sse.event(
-                        role_chunk(p.header, s.plan.index, prompt_ids, p.options.role, p.options.prompt_text)
-                    )
+                    role = role_chunk(p.header, s.plan.index, prompt_ids, p.options.role, p.options.prompt_text)
+                    yield sse.event(s.with_usage(role, p.continuous_usage))
                 for s in states:  # the echoed last message, as vLLM sends it: one chunk after the roles
                     if s.plan.echo:
-                        yield sse.event(
-                            chunk(p.endpoint, p.header, [chat_delta(s.plan.index, {"content": s.plan.echo}, None)])
-                        )
+                        echo = chunk(p.endpoint, p.header, [chat_delta(s.plan.index, {"content": s.plan.echo}, None)])
+                        yield sse.event(s.with_usage(echo, p.continuous_usage))
             async for index, engine_chunk in self._choice_chunks(p, states):
                 ready = states[index].held.take(engine_chunk)
                 choice = states[index].delta(ready) if ready is not None else None
                 if choice is not None:
-                    yield sse.event(chunk(p.endpoint, p.header, [choice]))
+                    yield sse.event(states[index].with_usage(chunk(p.endpoint, p.header, [choice]), p.continuous_usage))
         except (asyncio.CancelledError, GeneratorExit):
             self.metrics.requests.labels(p.endpoint.value, "cancelled").inc()
             raise
@@ -746,6 +749,16 @@ class _ChoiceState:
             if reasoning is not None
             else None
         )
+
+    def with_usage(self, event: dict[str, Any], continuous: bool) -> dict[str, Any]:
+        """`event`, with this choice's usage so far when the stream reports it continuously (vLLM's:
+        its prompt's tokens, the tokens it has generated, their sum)."""
+        if not continuous:
+            return event
+        prompt, generated = len(self.plan.request.prompt_token_ids), len(self.totals.token_ids)
+        return event | {
+            "usage": {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
+        }
 
     def cached_tokens(self) -> int:
         prefill = self.trace.prefill

@@ -125,8 +125,10 @@ class ServeApps:
         from ray import serve
 
         names = list(serve.status().applications)
+        for name in names:  # all at once: one after another, each app's engines take ~30 s to stop
+            serve.delete(name, _blocking=False)
         for name in names:
-            serve.delete(name)
+            serve.delete(name)  # waits until it is gone
         return names
 
     def wait_running(self, names: list[str], timeout_s: float = APPS_RUNNING_TIMEOUT_S) -> None:

@@ -17,12 +17,19 @@ pytestmark = pytest.mark.integration
 SIM_MODEL = "sim-llama-3.1-8b"
 
 
+# A request's client-side limit. A load step queues behind the one replica until the planner's new one is
+# up (60-70 s here, ~95 s on slower 2-core machines), and one replica then drains that queue: on the slower
+# machines the last requests of the vLLM decode step waited past 300 s, a slower answer, not a lost one.
+REQUEST_TIMEOUT_S = 600
+
+
 class Load:
     """Requests at a fixed rate on a thread, each checked for a full answer,
     for `seconds` or until `stop()`."""
 
     def __init__(self, apps, app: str, model: str, isl: int, osl: int, rate: float, seconds: float, seed: int) -> None:
         self.results: list[tuple[int, int]] = []  # (status, completion tokens)
+        self.errors: list[str] = []  # what each request that got no answer raised
         self._threads = []
         self._stop = threading.Event()
         rng = random.Random(seed)
@@ -31,11 +38,12 @@ class Load:
         def one(prompt):
             body = {"model": model, "prompt": prompt, "max_tokens": osl, "ignore_eos": True}
             try:
-                r = httpx.post(url, json=body, timeout=300)
+                r = httpx.post(url, json=body, timeout=REQUEST_TIMEOUT_S)
                 tokens = r.json()["usage"]["completion_tokens"] if r.status_code == 200 else 0
                 self.results.append((r.status_code, tokens))
-            except Exception:  # counted as lost below
+            except Exception as e:  # counted as lost below
                 self.results.append((0, 0))
+                self.errors.append(f"{type(e).__name__}: {e}"[:200])
 
         def send():
             end = time.monotonic() + seconds
@@ -55,7 +63,7 @@ class Load:
     def join(self) -> list[tuple[int, int]]:
         self._sender.join()
         for t in self._threads:
-            t.join(300)
+            t.join(REQUEST_TIMEOUT_S)
         return self.results
 
 
@@ -149,6 +157,7 @@ def scale_cycle(
         "shrunk_at_s": rows[-1][0],
         "timeline": rows,
         "requests": len(results),
+        "errors": load.errors[:5],
     }
     assert results and all(r == (200, osl) for r in results), ([r for r in results if r != (200, osl)], summary)
     other = 2 if grown[0] > 1 else 1  # the column of the pool that is not the bottleneck

@@ -117,6 +117,29 @@ def test_streamed_completion_is_valid_sse_with_usage_last():
     assert len({c["id"] for c in chunks}) == 1
 
 
+def test_continuous_usage_stats_put_each_choices_usage_so_far_on_every_event():
+    fe = make_frontend()
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "n": 2}
+    events = sse.parse_events(
+        run(_post(fe, "/v1/chat/completions", {**body, "stream": True, "stream_options": options})).text
+    )
+    *choices, last, done = events
+    assert done == "[DONE]" and last["choices"] == [] and last["usage"]["completion_tokens"] == 6
+    prompt = fe.decode.generates[0].prompt_token_ids
+    for index in (0, 1):
+        mine = [e for e in choices if e["choices"][0]["index"] == index]
+        assert [e["usage"]["completion_tokens"] for e in mine] == [0, 1, 2, 3]  # the role's event first
+        assert all(e["usage"]["prompt_tokens"] == len(prompt) for e in mine)
+        assert all(e["usage"]["total_tokens"] == len(prompt) + e["usage"]["completion_tokens"] for e in mine)
+    completion = {"model": MODEL, "prompt": "a b c", "max_tokens": 2, "stream": True, "stream_options": options}
+    streamed = sse.parse_events(run(_post(fe, "/v1/completions", completion)).text)
+    assert [e["usage"]["completion_tokens"] for e in streamed[:-2]] == [1, 2]
+    without = {**options, "continuous_usage_stats": False}
+    plain = sse.parse_events(run(_post(fe, "/v1/completions", {**completion, "stream_options": without})).text)
+    assert [("usage" in e) for e in plain[:-1]] == [False, False, True]  # only the last
+
+
 def test_streamed_chat_starts_with_the_role_and_ends_with_done():
     fe = make_frontend()
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "stream": True}
