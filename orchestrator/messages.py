@@ -265,6 +265,7 @@ class CompletionTotals:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
+    stop_reason: str | int | None = None  # the stop string or token id that ended it; None: EOS, length, ...
     num_prompt_tokens: int = 0
     num_cached_tokens: int = 0
     logprobs: list[PositionLogprobs] = field(default_factory=list)
@@ -282,3 +283,4 @@ class CompletionTotals:
             self.num_cached_tokens = chunk.num_cached_tokens
         if chunk.finish_reason is not None:
             self.finish_reason = chunk.finish_reason
+            self.stop_reason = chunk.stop_reason

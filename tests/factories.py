@@ -146,6 +146,7 @@ class FakePool:
         fails_here = self.failing_replica in (None, request.target_replica)
         if self.script is not None:
             n = min(n, len(self.script))
+        stop_on = request.sampling.stop[0] if request.sampling.stop else None
         try:
             for i in range(n):
                 if self.generate_error_after is not None and i == self.generate_error_after and fails_here:
@@ -159,6 +160,8 @@ class FakePool:
                     token_ids=self.script_token_ids[i] if self.script_token_ids is not None else (token,),
                     text=seam + text,
                     finish_reason=last if i == n - 1 else None,
+                    # A scripted output that stops did so on the request's first stop string, if it has one.
+                    stop_reason=stop_on if i == n - 1 and last is FinishReason.STOP else None,
                     num_prompt_tokens=len(request.prompt_token_ids) if i == 0 else 0,
                     num_cached_tokens=cached if i == 0 else 0,
                     logprobs=None if request.sampling.logprobs is None else (fake_logprobs(token, request),),

@@ -30,9 +30,15 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dic
     }
 
 
-def _choice(index: int, part: dict[str, Any], finish_reason: str | None, logprobs: Any, **optional: Any) -> dict:
-    """A choice: its index, its part (text, message or delta), logprobs, finish, then the optional fields set."""
+def _choice(
+    index: int, part: dict[str, Any], finish_reason: str | None, logprobs: Any, stop_reason: Any = None, **optional: Any
+) -> dict:
+    """A choice: its index, its part (text, message or delta), logprobs, finish, what stopped it (vLLM's
+    `stop_reason`: the stop string or token id, else null; a stream's finishing delta only), then the
+    optional fields set."""
     choice = {"index": index, **part, "logprobs": logprobs, "finish_reason": finish_reason}
+    if finish_reason is not None or "delta" not in part:
+        choice["stop_reason"] = stop_reason
     return choice | {k: v for k, v in optional.items() if v is not None}
 
 
@@ -44,12 +50,14 @@ def completion_choice(
     token_ids: list[int] | None = None,
     prompt_token_ids: list[int] | None = None,
     prompt_logprobs: list[dict[str, Any] | None] | None = None,
+    stop_reason: str | int | None = None,
 ) -> dict[str, Any]:
     return _choice(
         index,
         {"text": text},
         finish_reason,
         logprobs,
+        stop_reason,
         prompt_logprobs=prompt_logprobs,
         prompt_token_ids=prompt_token_ids,
         token_ids=token_ids,
@@ -62,8 +70,9 @@ def chat_choice(
     finish_reason: str | None,
     logprobs: dict[str, Any] | None = None,
     token_ids: list[int] | None = None,
+    stop_reason: str | int | None = None,
 ) -> dict[str, Any]:
-    return _choice(index, {"message": message}, finish_reason, logprobs, token_ids=token_ids)
+    return _choice(index, {"message": message}, finish_reason, logprobs, stop_reason, token_ids=token_ids)
 
 
 def whole_response(
@@ -121,8 +130,9 @@ def chat_delta(
     finish_reason: str | None,
     logprobs: dict[str, Any] | None = None,
     token_ids: list[int] | None = None,
+    stop_reason: str | int | None = None,
 ) -> dict[str, Any]:
-    return _choice(index, {"delta": delta}, finish_reason, logprobs, token_ids=token_ids)
+    return _choice(index, {"delta": delta}, finish_reason, logprobs, stop_reason, token_ids=token_ids)
 
 
 def usage_chunk(endpoint: Endpoint, h: ResponseHeader, usage_body: dict[str, Any]) -> dict[str, Any]:

@@ -803,7 +803,7 @@ class _ChoiceState:
             text = self.plan.echo + t.text
             ids = self._token_ids(t.token_ids)
             return completion_choice(
-                self.plan.index, text, finish, logprobs, ids, self.prompt_ids, self.prompt_logprobs()
+                self.plan.index, text, finish, logprobs, ids, self.prompt_ids, self.prompt_logprobs(), t.stop_reason
             )
         logprobs = self._logprobs(t.logprobs)
         tools = self.options.tools
@@ -821,7 +821,7 @@ class _ChoiceState:
         if calls is not None:
             message["tool_calls"] = calls
             finish = tools.finish_reason(finish, called=True)
-        return chat_choice(self.plan.index, message, finish, logprobs, self._token_ids(t.token_ids))
+        return chat_choice(self.plan.index, message, finish, logprobs, self._token_ids(t.token_ids), t.stop_reason)
 
     # -- streamed ---------------------------------------------------------------
 
@@ -841,7 +841,10 @@ class _ChoiceState:
         if self.endpoint is Endpoint.COMPLETIONS:
             text = (self.plan.echo if first else "") + c.text
             prompt_ids = self.prompt_ids if first else None
-            return completion_choice(self.plan.index, text, finish, logprobs, self._token_ids(c.token_ids), prompt_ids)
+            ids = self._token_ids(c.token_ids)
+            return completion_choice(
+                self.plan.index, text, finish, logprobs, ids, prompt_ids, stop_reason=c.stop_reason
+            )
         reasoning, content = self._split(c.finished)
         delta, finish = self._chat_delta(content, c.finished, finish)
         piece = (reasoning or "")[self.sent_reasoning :]
@@ -850,7 +853,8 @@ class _ChoiceState:
             delta = {"reasoning": piece, **(delta or {})}
         if delta is None and not logprobs:
             return None
-        return chat_delta(self.plan.index, delta or {}, finish, logprobs, self._token_ids(c.token_ids))
+        ids = self._token_ids(c.token_ids)
+        return chat_delta(self.plan.index, delta or {}, finish, logprobs, ids, c.stop_reason)
 
     def _split(self, final: bool = True) -> tuple[str | None, str]:
         """(reasoning, content) of the output so far; without a reasoning parser all is content."""

@@ -344,6 +344,10 @@ def test_the_openai_sdk_drives_every_parameter(apps):
     restricted = client.completions.create(model=MODEL, prompt="the old city", max_tokens=4, extra_body=vllm_extras)
     assert set(restricted.choices[0].model_extra["token_ids"]) <= {100, 101}
     assert len(restricted.choices[0].model_extra["prompt_token_ids"]) == 2
+    stopped = client.completions.create(
+        model=MODEL, prompt="the city", max_tokens=5, extra_body={"allowed_token_ids": [101], "stop_token_ids": [101]}
+    )
+    assert stopped.choices[0].finish_reason == "stop" and stopped.choices[0].model_extra["stop_reason"] == 101
     extensions = {"logprob_token_ids": [100, 101], "vllm_xargs": {"label": "a", "weights": [1, 2]}}
     extensions |= {"allowed_token_ids": [100], "repetition_detection": {"max_pattern_size": 1, "min_count": 2}}
     looped = client.chat.completions.create(

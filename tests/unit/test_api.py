@@ -458,3 +458,19 @@ def test_return_token_ids_carries_the_output_and_prompt_ids_as_vllms_server_does
         [5000],
         [5001],
     ]
+
+
+def test_the_stop_string_that_ended_an_answer_is_its_stop_reason_as_vllm_reports_it():
+    fe = make_frontend(decode=FakePool("decode_pool", script=("a", "b")))
+    body = {"model": MODEL, "prompt": "x y", "max_tokens": 5, "stop": ["END"]}
+    whole = run(_post(fe, "/v1/completions", body)).json()["choices"][0]
+    assert (whole["finish_reason"], whole["stop_reason"]) == ("stop", "END")
+    long = run(_post(fe, "/v1/completions", {**body, "max_tokens": 1})).json()["choices"][0]
+    assert (long["finish_reason"], long["stop_reason"]) == ("length", None)
+    chat = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5, "stop": "END"}
+    events = sse.parse_events(run(_post(fe, "/v1/chat/completions", {**chat, "stream": True})).text)[:-1]
+    # As vLLM streams chat: the finishing delta alone says what stopped it.
+    assert [e["choices"][0].get("stop_reason", "-") for e in events] == ["-", "-", "END"]
+    assert run(_post(fe, "/v1/chat/completions", chat)).json()["choices"][0]["stop_reason"] == "END"
+    streamed = sse.parse_events(run(_post(fe, "/v1/completions", {**body, "stream": True})).text)[:-1]
+    assert [e["choices"][0]["stop_reason"] for e in streamed] == [None, "END"]  # completions: on every chunk
