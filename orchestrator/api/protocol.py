@@ -325,12 +325,32 @@ class _SamplingFields(_Body):
 
 class CompletionRequest(_SamplingFields):
     prompt: str | list[int] | list[str] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
-    echo: bool = False
+    echo: bool = False  # before max_tokens: its check reads it
+    # 0 only with echo: the prompt scored alone. null is the default, 16, as vLLM reads it.
+    max_tokens: int = Field(default=16, ge=0)
     logprobs: int | None = Field(default=None, ge=0)
     suffix: str | None = None
     add_special_tokens: bool = True  # the tokenizer's BOS and the like, around a text prompt
     prompt_embeds: Any = None  # NOT_SERVED_COMPLETION_FIELDS
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_max_tokens(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "max_tokens" in data and data["max_tokens"] is None:
+            return {k: v for k, v in data.items() if k != "max_tokens"}
+        return data
+
+    @field_validator("max_tokens")
+    @classmethod
+    def _zero_tokens_echo(cls, v: int, info: ValidationInfo) -> int:
+        if v == 0 and not info.data.get("echo"):
+            raise ValueError("max_tokens must be at least 1, got 0 (0 only with echo: the prompt scored alone)")
+        if v == 0 and info.data.get("logprob_token_ids"):
+            raise ValueError(
+                "`logprob_token_ids` is not supported when `echo=True` and `max_tokens=0` because no output "
+                "tokens are generated."
+            )
+        return v
 
     @field_validator("prompt")
     @classmethod

@@ -94,6 +94,9 @@ class ChoicePlan:
     echo: str = ""
     # Echo with logprobs: the prompt's first token's text (it has no log-probability).
     first_token: str = ""
+    # An echo with max_tokens 0: the answer is the prompt alone (its text and log-probabilities); the one
+    # token the engine sampled is left out of it, counted in usage and token ids as vLLM counts it.
+    prompt_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -389,6 +392,7 @@ class CompletionService:
 
         rid = self.new_id()
         echo = isinstance(req, CompletionRequest) and req.echo
+        prompt_only = echo and req.max_tokens == 0
         scored_echo = echo and top is not None  # the echoed prompt is scored too
         # vLLM's rule: an echo with logprobs scores the prompt with `logprobs`; a
         # stream carries prompt logprobs only as the echo's, so asks for none else.
@@ -403,7 +407,8 @@ class CompletionService:
         prompts = [self._truncated(ids, req.truncate_prompt_tokens, req.truncation_side) for ids in prompts]
         plans = []
         for i, prompt_ids in enumerate(prompts):
-            max_tokens = self._check_lengths(len(prompt_ids), requested, prompt_param)
+            # An echo with max_tokens 0 (a prompt scored alone): the engine samples one token, left out (vLLM's).
+            max_tokens = max(self._check_lengths(len(prompt_ids), requested, prompt_param), 1)
             echo_text = await asyncio.to_thread(self.renderer.text, prompt_ids) if echo else chat_echo
             first_token = self.renderer.text(prompt_ids[:1]) if scored_echo else ""
             for j in range(req.n):
@@ -412,7 +417,7 @@ class CompletionService:
                 request = EngineRequest(
                     request_id, prompt_ids, _for_choice(base, max_tokens, j), cache_salt=req.cache_salt
                 )
-                plans.append(ChoicePlan(index, request, i, j == 0, echo_text, first_token))
+                plans.append(ChoicePlan(index, request, i, j == 0, echo_text, first_token, prompt_only))
         prefix = "cmpl" if endpoint is Endpoint.COMPLETIONS else "chatcmpl"
         chat = isinstance(req, ChatCompletionRequest)
         self.metrics.hop_seconds.labels("prepare").observe(self.clock() - arrival)
@@ -541,14 +546,14 @@ class CompletionService:
             )
         if requested is None:
             return min(limit - prompt_len, max_output or limit)
-        if prompt_len + requested > limit:
+        if requested > limit:
             raise bad_request(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{prompt_len + requested} tokens ({prompt_len} in the prompt, {requested} for the completion).",
+                f"max_tokens={requested} cannot be greater than max_model_len={limit}. "
+                "Please request fewer output tokens.",
                 param="max_tokens",
                 code="context_length_exceeded",
             )
-        return requested
+        return min(requested, limit - prompt_len)  # vLLM 0.32's: clamped to the context the prompt leaves
 
     # -- running --------------------------------------------------------------
 
@@ -796,11 +801,11 @@ class _ChoiceState:
         t = self.totals
         finish = self._finish_reason(t.finish_reason)
         if self.endpoint is Endpoint.COMPLETIONS:
-            positions = list(t.logprobs)
+            positions = [] if self.plan.prompt_only else list(t.logprobs)
             if self.plan.echo and self.completion_logprobs is not None:
                 positions = self._echoed_positions(t.prompt_logprobs) + positions
             logprobs = self._logprobs(positions)
-            text = self.plan.echo + t.text
+            text = self.plan.echo + ("" if self.plan.prompt_only else t.text)
             ids = self._token_ids(t.token_ids)
             return completion_choice(
                 self.plan.index, text, finish, logprobs, ids, self.prompt_ids, self.prompt_logprobs(), t.stop_reason
@@ -829,7 +834,7 @@ class _ChoiceState:
         """This chunk's choice delta, or None when it carries nothing to send."""
         self.totals.add(c)
         ids = self.options.return_token_ids
-        positions: list[PositionLogprobs | Unscored] = list(c.logprobs or ())
+        positions: list[PositionLogprobs | Unscored] = [] if self.plan.prompt_only else list(c.logprobs or ())
         if not self.started and self.plan.echo and self.completion_logprobs is not None:
             positions = self._echoed_positions(c.prompt_logprobs) + positions
         logprobs = self._logprobs(positions) if positions else None
@@ -839,7 +844,7 @@ class _ChoiceState:
         self.started = True
         finish = self._finish_reason(c.finish_reason)
         if self.endpoint is Endpoint.COMPLETIONS:
-            text = (self.plan.echo if first else "") + c.text
+            text = (self.plan.echo if first else "") + ("" if self.plan.prompt_only else c.text)
             prompt_ids = self.prompt_ids if first else None
             ids = self._token_ids(c.token_ids)
             return completion_choice(

@@ -300,6 +300,17 @@ def test_prompt_logprobs_and_an_echo_with_logprobs_are_the_same_disaggregated_an
     assert "".join(e["choices"][0]["text"] for e in events) == whole["text"]
     assert whole["text"].startswith(prompt[:40])
 
+    # max_tokens 0: the prompt scored alone (evaluation harnesses' log-likelihoods), the same on both paths.
+    scored = {**echo, "max_tokens": 0}
+    alone, took = taken(apps, "disagg", lambda: post_json(apps, "disagg", "/v1/completions", scored))
+    assert took == {("local_prefill", "prompt_logprobs"): 1}
+    alone_agg = post_json(apps, "agg", "/v1/completions", scored)["choices"][0]
+    prompt_part = whole["logprobs"]["tokens"][: len(d)]
+    for choice in (alone["choices"][0], alone_agg):
+        assert choice["logprobs"]["tokens"] == prompt_part  # the prompt's tokens, no output's
+        assert whole["text"].startswith(choice["text"]) and choice["text"].startswith(prompt[:40])  # the echo alone
+        assert _close(choice["logprobs"]["token_logprobs"][1:], whole["logprobs"]["token_logprobs"][1 : len(d)])
+
 
 @pytest.mark.parametrize("app", ["agg", "disagg"])
 def test_a_cache_salt_shares_the_prefix_cache_only_with_its_own_salt(apps, app):

@@ -181,7 +181,7 @@ def test_streamed_chat_starts_with_the_role_and_ends_with_done():
         ({"model": MODEL, "prompt": "a", "stop": [""]}, 400, "stop"),
         ({"model": MODEL, "prompt": [5, 1000]}, 400, "prompt"),
         ({"model": MODEL, "prompt": [-1]}, 400, "prompt"),
-        ({"model": MODEL, "prompt": "a", "max_tokens": 64}, 400, "max_tokens"),
+        ({"model": MODEL, "prompt": "a", "max_tokens": 65}, 400, "max_tokens"),  # beyond max_model_len
         ({"model": MODEL, "prompt": " ".join(["w"] * 64)}, 400, "prompt"),
     ],
 )

@@ -64,6 +64,35 @@ def test_echo_writes_the_prompt_before_the_output_whole_and_streamed():
     ]
 
 
+def test_an_echo_with_max_tokens_0_scores_the_prompt_alone_whole_and_streamed():
+    """vLLM's echo without generation (evaluation harnesses' log-likelihood requests): the engine
+    samples one token, which the answer leaves out; the text and logprobs are the prompt's."""
+    fe = make_frontend(disaggregated=False)
+    whole = _completion(fe, prompt=[11, 12, 13], max_tokens=0, echo=True, logprobs=1).json()
+    choice = whole["choices"][0]
+    assert choice["text"] == token_text(11) + token_text(12) + token_text(13)
+    assert choice["logprobs"]["tokens"] == [token_text(11), token_text(12), token_text(13)]
+    assert choice["logprobs"]["token_logprobs"] == [None, -1.5, -1.5]
+    assert choice["finish_reason"] == "length" and whole["usage"]["completion_tokens"] == 1  # as vLLM counts it
+    assert fe.decode.generates[-1].sampling.max_tokens == 1
+    streamed = json_events(_completion(fe, prompt=[11, 12, 13], max_tokens=0, echo=True, logprobs=1, stream=True))
+    assert "".join(e["choices"][0]["text"] for e in streamed) == choice["text"]
+    assert [t for e in streamed for t in e["choices"][0]["logprobs"]["tokens"]] == choice["logprobs"]["tokens"]
+    refused = _completion(fe, prompt=[11, 12], max_tokens=0)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "max_tokens"
+
+
+def test_max_tokens_past_the_context_is_clamped_and_null_is_16_as_vllm_reads_them():
+    fe = make_frontend(max_model_len=64)
+    assert _completion(fe, prompt="a b c d", max_tokens=64).status_code == 200
+    assert fe.decode.generates[-1].sampling.max_tokens == 60  # what the 4-token prompt leaves
+    assert _completion(fe, prompt="a b", max_tokens=None).status_code == 200
+    assert fe.decode.generates[-1].sampling.max_tokens == 16  # vLLM's completions default
+    too_many = _completion(fe, prompt="a b", max_tokens=65)
+    assert too_many.status_code == 400
+    assert too_many.json()["error"]["message"].startswith("max_tokens=65 cannot be greater than max_model_len=64")
+
+
 def test_completion_logprobs_in_vllms_form_whole_equals_streamed():
     fe = make_frontend()
     whole = _completion(fe, prompt="a b", max_tokens=2, logprobs=2).json()["choices"][0]["logprobs"]
