@@ -10,6 +10,7 @@ OpenAI server, extensions included (`structured_outputs`, `return_token_ids`,
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Literal, NamedTuple
 
@@ -19,7 +20,23 @@ from orchestrator.messages import StructuredKind, StructuredOutput
 
 
 class _Body(BaseModel):
+    """Unknown fields are a 400; a known field given as null takes its default, as vLLM reads null for every
+    field it defaults (`n`: 1, `stream`: false, a completion's `max_tokens`: 16, ...)."""
+
     model_config = ConfigDict(extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_the_default(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        known = cls._field_names()
+        return {k: v for k, v in data.items() if v is not None or k not in known}
+
+    @classmethod
+    @functools.cache
+    def _field_names(cls) -> frozenset[str]:
+        return frozenset(name for key, f in cls.model_fields.items() for name in (key, f.alias) if name)
 
 
 class StreamOptions(_Body):
@@ -332,13 +349,6 @@ class CompletionRequest(_SamplingFields):
     suffix: str | None = None
     add_special_tokens: bool = True  # the tokenizer's BOS and the like, around a text prompt
     prompt_embeds: Any = None  # NOT_SERVED_COMPLETION_FIELDS
-
-    @model_validator(mode="before")
-    @classmethod
-    def _null_max_tokens(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "max_tokens" in data and data["max_tokens"] is None:
-            return {k: v for k, v in data.items() if k != "max_tokens"}
-        return data
 
     @field_validator("max_tokens")
     @classmethod
