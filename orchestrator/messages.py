@@ -145,23 +145,24 @@ class EngineRequest:
     # reuses only the cache of prompts with the same salt. Kept by every transformation below.
     cache_salt: str | None = None
 
-    def for_prefill(self, replica: str | None) -> EngineRequest:
+    def for_prefill(self, replica: str | None, samples_first_token: bool = False) -> EngineRequest:
         """The request sent to a prefill replica: the same prompt, one token, KV
-        kept for a remote decode. The decode replica samples the first output
-        token itself (the prefill's is discarded), so what shapes only the
-        output (log-probabilities, a constraint) is left to the decode side."""
+        kept for a remote decode. Where the decode replica samples the first
+        output token itself (vLLM: the prefill's is discarded), what shapes only
+        the output (log-probabilities, a constraint) is left to the decode side.
+        Where the decode engine continues from the prefill's token
+        (`samples_first_token`, SGLang), the prefill samples it as the output's
+        first: under the constraint, scored as asked, never EOS before
+        `min_tokens`. Prompt log-probabilities are never the prefill's to give."""
+        shaping = (
+            {"min_tokens": min(self.sampling.min_tokens, 1)}
+            if samples_first_token
+            else {"min_tokens": 0, "logprobs": None, "logprob_token_ids": None, "structured": None}
+        )
         return replace(
             self,
             request_id=f"{self.request_id}-prefill",
-            sampling=replace(
-                self.sampling,
-                max_tokens=1,
-                min_tokens=0,
-                logprobs=None,
-                logprob_token_ids=None,
-                prompt_logprobs=None,
-                structured=None,
-            ),
+            sampling=replace(self.sampling, max_tokens=1, prompt_logprobs=None, **shaping),
             kv_transfer=None,
             target_replica=replica,
         )

@@ -308,7 +308,9 @@ class RequestPath:
         assert prefill.info is not None
         kv = rendezvous_transfer(prefill.info, len(request.prompt_token_ids), self.rng.getrandbits(BOOTSTRAP_ROOM_BITS))
         prefill_call = asyncio.ensure_future(
-            self._remote_prefill(replace(request.for_prefill(prefill.replica_id), kv_transfer=kv), trace)
+            self._remote_prefill(
+                replace(request.for_prefill(prefill.replica_id, samples_first_token=True), kv_transfer=kv), trace
+            )
         )
         try:
             async with contextlib.aclosing(self.decode_pool.generate(replace(request, kv_transfer=kv))) as chunks:

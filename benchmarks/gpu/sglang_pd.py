@@ -21,7 +21,11 @@ default its 1 prefill + 1 decode variant, 2 GPUs; `--full` for the shipped
   3. checks that the frontends follow the prefill replicas' KV events: the
      index holds blocks of prefill replicas and no batch was malformed;
   4. sends a long shared prefix twice and reports the prefill replica's
-     prefix-cache hit on the second request.
+     prefix-cache hit on the second request;
+  5. checks what the prefill engine's first token must carry, since SGLang's
+     decode engine continues from it: a JSON-schema chat answer parses whole
+     (its first token under the grammar), and greedy log-probabilities score
+     every output token, the first included, each the top of its own list.
 
 Writes benchmarks/results/gpu/sglang_pd.json (every check with its
 evidence); exits 1 when a check fails.
@@ -138,6 +142,52 @@ def requests_and_outputs(url: str, model: str, results: list[dict]) -> None:
         )
 
 
+def first_token_shaped_by_the_prefill(url: str, model: str, results: list[dict]) -> None:
+    schema = {"type": "object", "properties": {"colour": {"type": "string"}}, "required": ["colour"]}
+    with httpx.Client(base_url=url, timeout=300) as client:
+        constrained = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": model,
+                "messages": CHAT,
+                "max_tokens": 64,
+                "temperature": 0,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}},
+            },
+        )
+        content = constrained.json()["choices"][0]["message"]["content"] if constrained.status_code == 200 else ""
+        try:
+            parsed = json.loads(content)
+        except ValueError:
+            parsed = None
+        check(
+            results,
+            "constrained output parses from its first token",
+            isinstance(parsed, dict) and isinstance(parsed.get("colour"), str),
+            status=constrained.status_code,
+            content=content,
+        )
+        scored = client.post(
+            "/v1/completions",
+            json={"model": model, "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 3},
+        )
+        choice = scored.json()["choices"][0] if scored.status_code == 200 else {}
+        lp = choice.get("logprobs") or {}
+        tokens, values, tops = lp.get("tokens", []), lp.get("token_logprobs", []), lp.get("top_logprobs", [])
+        greedy_tops = [top and max(top, key=top.get) == token for token, top in zip(tokens, tops, strict=False)]
+        check(
+            results,
+            "greedy log-probabilities score every token, the first included",
+            scored.status_code == 200
+            and len(tokens) == len(values) == len(tops) > 0
+            and all(v is not None and v <= 0 for v in values)
+            and all(greedy_tops),
+            status=scored.status_code,
+            tokens=tokens,
+            token_logprobs=values,
+        )
+
+
 def kv_transferred(url: str, results: list[dict]) -> None:
     time.sleep(3)  # replicas report their stats every second
     pools = httpx.get(f"{url}/pools", timeout=30).json()["pools"]
@@ -213,6 +263,7 @@ def main() -> int:
     try:
         with serving(cfg, log, args.ready_timeout_s) as url:
             requests_and_outputs(url, model, results)
+            first_token_shaped_by_the_prefill(url, model, results)
             kv_transferred(url, results)
     except Exception as e:  # the run itself failed: record why
         check(results, "serve and run", False, error=f"{type(e).__name__}: {e}")

@@ -29,7 +29,10 @@ class KVHandoff(str, enum.Enum):
     `KVTransfer` built by the frontend before either runs: a rendezvous (the
     prefill replica's bootstrap address and a room number, `rendezvous_transfer`)
     where the decode engine pre-allocates and the prefill engine sends its KV
-    (SGLang)."""
+    and the first output token it sampled, which the decode engine continues
+    from (SGLang): so the prefill request carries what shapes that token
+    (`EngineRequest.for_prefill(samples_first_token=True)`). After AFTER_PREFILL
+    the decode engine samples the first token itself."""
 
     AFTER_PREFILL = "after_prefill"
     CONCURRENT = "concurrent"

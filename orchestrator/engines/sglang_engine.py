@@ -33,7 +33,7 @@ import re
 import subprocess
 import sys
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,6 +52,7 @@ from orchestrator.engines.base import (
 )
 from orchestrator.engines.ports import PortReservation, listen_port, reserve_listen_port
 from orchestrator.engines.sglang_kv_events import decode_batch, events_config
+from orchestrator.engines.sglang_logprobs import TokenTexts, logprob_kwargs, output_logprobs, prompt_logprobs
 from orchestrator.messages import (
     EngineChunk,
     EngineRequest,
@@ -371,6 +372,8 @@ def generate_kwargs(request: EngineRequest, rid: str, stream: bool) -> dict[str,
         "sampling_params": sampling_params(request.sampling),
         "stream": stream,
         "rid": rid,
+        **logprob_kwargs(request.sampling),
+        **({"cache_salt": request.cache_salt} if request.cache_salt is not None else {}),
         **rendezvous_params(request),
     }
 
@@ -424,6 +427,8 @@ class SglangOutput:
     completion_tokens: int
     cached_tokens: int
     finish: Finish | None
+    # The whole meta_info, whose log-probability lists `sglang_logprobs` reads for what the request asked.
+    meta: Mapping[str, Any] = field(default_factory=dict)
 
 
 def parse_output(out: Mapping[str, Any]) -> SglangOutput:
@@ -435,6 +440,7 @@ def parse_output(out: Mapping[str, Any]) -> SglangOutput:
         completion_tokens=int(meta.get("completion_tokens") or 0),
         cached_tokens=int(meta.get("cached_tokens") or 0),
         finish=parse_finish(meta.get("finish_reason")),
+        meta=meta,
     )
 
 
@@ -458,6 +464,10 @@ def stop_reason(finish: Finish, spec: SamplingSpec) -> int | str | None:
     return finish.matched if finish.matched in spec.stop_token_ids else None
 
 
+def _no_tokenizer(token_ids: Sequence[int]) -> list[str]:
+    raise EngineError("log-probabilities need the engine's tokenizer to name their tokens")
+
+
 @dataclass
 class ChunkDecoder:
     """Turns one request's stream of SGLang output dicts into our chunks (new
@@ -466,6 +476,7 @@ class ChunkDecoder:
 
     request: EngineRequest
     mode: StreamMode = StreamMode.CUMULATIVE
+    token_texts: TokenTexts = _no_tokenizer  # names the tokens of log-probabilities: the engine's tokenizer
     ids_seen: int = 0
     text_seen: int = 0
     first: bool = True
@@ -476,6 +487,9 @@ class ChunkDecoder:
         incremental = self.mode is StreamMode.INCREMENTAL
         new_ids = out.output_ids if incremental else out.output_ids[self.ids_seen :]
         new_text = out.text if incremental else out.text[self.text_seen :]
+        # The new tokens' places in meta_info's per-position lists, which stream as output_ids do.
+        start = 0 if incremental else self.ids_seen
+        logprobs = output_logprobs(out.meta, self.request.sampling, start, len(new_ids), self.token_texts)
         self.ids_seen += len(new_ids)
         self.text_seen += len(new_text)
         if not new_ids and not new_text and out.finish is None:
@@ -488,6 +502,8 @@ class ChunkDecoder:
             stop_reason=stop_reason(out.finish, self.request.sampling) if out.finish else None,
             num_prompt_tokens=(out.prompt_tokens or len(self.request.prompt_token_ids)) if first else 0,
             num_cached_tokens=cached_tokens(self.request, out) if first else 0,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs(out.meta, self.request.sampling, self.token_texts) if first else None,
         )
 
 
@@ -663,10 +679,11 @@ class SglangEngine:
         retried request id never meets the previous attempt's state."""
         if self._engine is None:
             raise EngineError("engine not started")
-        if request.sampling.logprobs is not None or request.sampling.prompt_logprobs is not None:
-            raise EngineRequestRejected("logprobs are not wired to SGLang's output format in this adapter yet")
-        if request.cache_salt is not None:
-            raise EngineRequestRejected("cache_salt is not wired to SGLang's prefix cache in this adapter")
+        if request.sampling.prompt_logprobs is not None and request.kv_transfer is not None:
+            raise EngineRequestRejected(
+                "prompt_logprobs on disaggregated SGLang engines: the prefill engine computes the prompt, and "
+                "its scores are not carried to the answer (an aggregated SGLang pool serves them)"
+            )
         if request.sampling.allowed_token_ids is not None or request.sampling.bad_words:
             raise EngineRequestRejected("allowed_token_ids and bad_words are vLLM's; SGLang has no equivalent")
         if request.sampling.structured is not None and request.sampling.structured.has_options:
@@ -701,8 +718,12 @@ class SglangEngine:
             if not done:
                 self._abort(rid)
 
+    def _token_texts(self, token_ids: Sequence[int]) -> list[str]:
+        """Each token's own text, as SGLang's tokenizer manager decodes a log-probability's token."""
+        return self._engine.tokenizer_manager.tokenizer.batch_decode([[t] for t in token_ids])
+
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
-        decoder = ChunkDecoder(request, self._mode)
+        decoder = ChunkDecoder(request, self._mode, self._token_texts)
         produced = False
         async with contextlib.aclosing(self._outputs(request, stream=True)) as outputs:
             async for out in outputs:

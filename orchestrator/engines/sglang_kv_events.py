@@ -6,8 +6,10 @@ The ZMQ message is the same three frames as vLLM's (topic, 8-byte big-endian
 sequence number, msgpack payload), with the same replay socket protocol, and
 the payload has vLLM's shape too: `[ts, events, attn_dp_rank]`, each event a
 map tagged by its class name under "type", optional fields left at None
-omitted (`BlockStored` also carries `lora_id`, `cache_salt`, `session_id`
-and `lora_name`, which the index does not use).
+omitted. `BlockStored`'s `cache_salt` (every page of a salted prompt carries
+it; SGLang's own hashes of those pages already differ per salt) starts the
+index's chain at the salt's root, as vLLM's first-block extra key does; its
+`lora_id`, `session_id` and `lora_name` the index does not use.
 
 SGLang's radix cache records one `BlockStored` per page (`page_size` tokens,
 the parent being the previous page) and merges consecutive pages of one
@@ -40,6 +42,7 @@ class _BlockStored(msgspec.Struct, tag="BlockStored"):
     token_ids: tuple[int | tuple[int, int], ...]
     block_size: int
     medium: str | None = None
+    cache_salt: str | None = None
 
 
 class _BlockRemoved(msgspec.Struct, tag="BlockRemoved"):
@@ -70,7 +73,7 @@ def _translate(event: _Event) -> KVEvent | None:
         return None
     if isinstance(event, _BlockStored):
         tokens = tuple(t if isinstance(t, int) else t[0] for t in event.token_ids)
-        return BlockStored(event.block_hashes, event.parent_block_hash, tokens, event.block_size)
+        return BlockStored(event.block_hashes, event.parent_block_hash, tokens, event.block_size, event.cache_salt)
     return BlockRemoved(event.block_hashes)
 
 

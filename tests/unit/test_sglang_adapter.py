@@ -58,8 +58,9 @@ from orchestrator.engines.sglang_engine import (
     stream_mode,
 )
 from orchestrator.engines.sglang_kv_events import MalformedEvents, decode_batch
+from orchestrator.engines.sglang_logprobs import logprob_kwargs
 from orchestrator.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
-from orchestrator.kv.hashing import block_hashes
+from orchestrator.kv.hashing import block_hashes, prefix_root
 from orchestrator.kv.index import KVIndex
 from orchestrator.kv.ingest import Action, KVEventIngest, ResyncReason
 from orchestrator.messages import (
@@ -145,6 +146,12 @@ SAMPLING = {
     "json_schema": SamplingSpec(max_tokens=4, structured=StructuredOutput(StructuredKind.JSON, '{"type": "object"}')),
     "structural_tag": SamplingSpec(max_tokens=4, structured=StructuredOutput(StructuredKind.STRUCTURAL_TAG, TAG)),
 }
+# Requests asking for log-probabilities, whose streams SGLang's own tokenizer-manager code builds.
+LOGPROBS = {
+    "top_2_and_prompt_1": SamplingSpec(max_tokens=4, logprobs=2, prompt_logprobs=1),
+    "sampled_only": SamplingSpec(max_tokens=4, logprobs=0),
+    "asked_tokens": SamplingSpec(max_tokens=4, logprobs=1, logprob_token_ids=(101, 107)),
+}
 
 
 @pytest.fixture(scope="module")
@@ -153,6 +160,7 @@ def sglang_code() -> dict:
     request = {
         "server_args": list(SERVER_ARGS.values()),
         "sampling_params": [sampling_params(spec) for spec in SAMPLING.values()],
+        "logprob_kwargs": [logprob_kwargs(spec) for spec in LOGPROBS.values()],
     }
     run = subprocess.run(
         [sys.executable, str(FIXTURES / "sglang_code.py")],
@@ -166,6 +174,7 @@ def sglang_code() -> dict:
     answer = json.loads(run.stdout.splitlines()[-1])
     answer["server_args"] = dict(zip(SERVER_ARGS, answer["server_args"]))
     answer["sampling_params"] = dict(zip(SAMPLING, answer["sampling_params"]))
+    answer["logprob_streams"] = dict(zip(LOGPROBS, answer["logprob_streams"]))
     return answer
 
 
@@ -455,6 +464,105 @@ def test_aborts_raise_by_whose_fault_they_are(sglang_code):
         feed(reasons["abort_default"])
 
 
+# -- log-probabilities -------------------------------------------------------------------
+
+
+def _token_texts(token_ids):
+    return [f"<{t}>" for t in token_ids]
+
+
+def _logprob_chunks(sglang_code: dict, name: str, mode: str) -> list[EngineChunk]:
+    """SGLang's stream for LOGPROBS[name] in `mode`, through the adapter's decoder."""
+    stream = sglang_code["logprob_streams"][name][mode]
+    decoder = ChunkDecoder(EngineRequest("req-1", PROMPT, LOGPROBS[name]), StreamMode(mode), _token_texts)
+    return [c for c in (decoder.feed(parse_output(o)) for o in stream) if c is not None]
+
+
+def _scored(positions) -> list[list[tuple[int, float, int | None]] | None]:
+    return [None if p is None else [(c.token_id, c.logprob, c.rank) for c in p.candidates] for p in positions]
+
+
+def test_logprob_arguments_are_async_generates(sglang_code):
+    for spec in LOGPROBS.values():
+        assert set(logprob_kwargs(spec)) <= set(sglang_code["async_generate"])
+    assert logprob_kwargs(LOGPROBS["top_2_and_prompt_1"]) == {
+        "return_logprob": True,
+        "top_logprobs_num": 2,  # one number for the output's and the prompt's: the larger, each trimmed
+        "logprob_start_len": 0,
+    }
+    assert logprob_kwargs(LOGPROBS["asked_tokens"])["token_ids_logprob"] == [101, 107]
+    assert logprob_kwargs(SamplingSpec(max_tokens=4)) == {}
+
+
+@pytest.mark.parametrize("mode", ["cumulative", "incremental"])
+def test_output_logprobs_in_vllms_order_from_either_stream_mode(sglang_code, mode):
+    """Sampled token first (with its rank where SGLang's top list has it), then the top `logprobs` less
+    it; the token SGLang sampled from outside its top list has no rank. Each chunk scores its own tokens."""
+    chunks = _logprob_chunks(sglang_code, "top_2_and_prompt_1", mode)
+    assert [len(c.logprobs) for c in chunks] == [len(c.token_ids) for c in chunks] == [1, 2, 1]
+    positions = [p for c in chunks for p in c.logprobs]
+    assert [p.sampled.token_id for p in positions] == [t for c in chunks for t in c.token_ids] == [108, 106, 120, 101]
+    assert _scored(positions) == [
+        [(108, -1.33, 1), (101, -1.51, 2)],
+        [(106, -1.56, 2), (102, -1.27, 1)],
+        [(120, -2.95, None), (107, -1.32, 1), (100, -1.5, 2)],
+        [(101, -1.26, 1), (105, -1.55, 2)],
+    ]
+    assert positions[0].sampled.token == "<108>"  # named by the engine's tokenizer
+
+
+@pytest.mark.parametrize("mode", ["cumulative", "incremental"])
+def test_prompt_logprobs_come_in_the_first_chunk_trimmed_to_their_own_number(sglang_code, mode):
+    first, *rest = _logprob_chunks(sglang_code, "top_2_and_prompt_1", mode)
+    assert _scored(first.prompt_logprobs) == [
+        None,  # the first prompt token, as vLLM
+        [(101, -1.76, None), (104, -1.29, 1)],
+        [(102, -1.52, 2), (109, -1.34, 1)],  # rank 2 in the top 2 SGLang sent, listed past the 1 asked
+        [(103, -1.28, 1)],
+    ]
+    assert all(c.prompt_logprobs is None for c in rest)
+
+
+def test_the_sampled_token_alone_and_asked_tokens_in_place_of_the_top(sglang_code):
+    sampled = [p for c in _logprob_chunks(sglang_code, "sampled_only", "cumulative") for p in c.logprobs]
+    assert [len(p.candidates) for p in sampled] == [1, 1, 1, 1]
+    asked = [p for c in _logprob_chunks(sglang_code, "asked_tokens", "incremental") for p in c.logprobs]
+    assert [[c.token_id for c in p.candidates] for p in asked] == [
+        [108, 101, 107],
+        [106, 101, 107],
+        [120, 101, 107],
+        [101, 107],  # the sampled token once
+    ]
+    assert all(c.rank is None for p in asked for c in p.candidates)
+
+
+def test_a_stream_short_of_logprobs_is_an_engine_error(sglang_code):
+    stream = sglang_code["logprob_streams"]["top_2_and_prompt_1"]["incremental"]
+    short = {**stream[1], "meta_info": {**stream[1]["meta_info"], "output_token_logprobs": []}}
+    request = EngineRequest("req-1", PROMPT, LOGPROBS["top_2_and_prompt_1"])
+    decoder = ChunkDecoder(request, StreamMode.INCREMENTAL, _token_texts)
+    decoder.feed(parse_output(stream[0]))
+    with pytest.raises(EngineError, match="1 of 2|0 of 2"):
+        decoder.feed(parse_output(short))
+
+
+def test_prompt_logprobs_of_a_disaggregated_decode_are_refused():
+    engine = _engine(EngineRole.DECODE, FakeSglang([]))
+    request = EngineRequest("req-1", PROMPT, LOGPROBS["top_2_and_prompt_1"]).for_decode("d0", _rendezvous())
+    with pytest.raises(EngineRequestRejected, match="prompt_logprobs"):
+        _collect(engine, request)
+
+
+def test_the_engine_asks_sglang_for_logprobs_and_names_tokens_with_its_tokenizer(sglang_code):
+    fake = FakeSglang(sglang_code["logprob_streams"]["top_2_and_prompt_1"]["cumulative"])
+    engine = _engine(EngineRole.AGGREGATED, fake)
+    chunks = _collect(engine, EngineRequest("req-1", PROMPT, LOGPROBS["top_2_and_prompt_1"]))
+    (call,) = fake.calls
+    assert (call["return_logprob"], call["top_logprobs_num"], call["logprob_start_len"]) == (True, 2, 0)
+    assert chunks[0].logprobs[0].sampled.token == "t108"  # FakeSglang's tokenizer
+    assert chunks[0].prompt_logprobs[1].sampled.token == "t101"
+
+
 def test_a_decode_with_a_rendezvous_reports_its_prompt_as_transferred():
     request = _request().for_decode("d0", _rendezvous())
     first = _chunks(OUTPUTS["cumulative_stream"], StreamMode.CUMULATIVE, request)[0]
@@ -539,6 +647,24 @@ def test_consecutive_pages_come_as_one_event_that_the_index_chains(sglang_code):
     index = KVIndex()
     index.apply("p0", batch.events)
     assert _hits(index, PAGE_TOKENS) == {"p0": 3}
+
+
+def test_a_salted_prompts_pages_are_found_only_under_its_salt(sglang_code):
+    """SGLang sends the salt on each page of a salted prompt; the index chains them from the salt's root,
+    so only a request with the same salt is routed towards them (SGLang's radix cache keeps them apart)."""
+    (stored,) = _batch(sglang_code, "salted_pages").events
+    assert stored == BlockStored((9001, 9002, 9003), None, PAGE_TOKENS, 4, cache_salt="tenant-a")
+    index = KVIndex()
+    index.apply("p0", [stored])
+    assert index.overlaps(block_hashes(list(PAGE_TOKENS), 4, prefix_root("tenant-a"))) == {"p0": 3}
+    assert _hits(index, PAGE_TOKENS) == {}
+    assert index.overlaps(block_hashes(list(PAGE_TOKENS), 4, prefix_root("tenant-b"))) == {}
+
+
+def test_the_engine_gives_sglang_the_requests_salt(sglang_code):
+    salted = generate_kwargs(replace(_request(), cache_salt="tenant-a"), "rid-1", stream=True)
+    assert salted["cache_salt"] == "tenant-a" and "cache_salt" in sglang_code["async_generate"]
+    assert "cache_salt" not in generate_kwargs(_request(), "rid-1", stream=True)
 
 
 def test_a_block_held_only_in_host_memory_is_no_hit(sglang_code):
@@ -751,9 +877,11 @@ def _path(pools: RendezvousPools, route: RouteDecision = REMOTE, **kwargs) -> tu
     return path, metrics
 
 
-def _run(path: RequestPath, max_tokens: int = 4) -> tuple[list[EngineChunk], RequestTrace]:
+def _run(
+    path: RequestPath, max_tokens: int = 4, spec: SamplingSpec | None = None
+) -> tuple[list[EngineChunk], RequestTrace]:
     trace = RequestTrace()
-    request = EngineRequest("req-1", PROMPT, SamplingSpec(max_tokens=max_tokens))
+    request = EngineRequest("req-1", PROMPT, spec or SamplingSpec(max_tokens=max_tokens))
 
     async def go():
         return [c async for c in path.stream(request, trace)]
@@ -781,6 +909,25 @@ def test_prefill_and_decode_start_together_with_one_rendezvous():
     assert prefill.target_replica == "p0" and prefill.sampling.max_tokens == 1 and decode.target_replica == "d0"
     assert trace.prefill is not None and trace.fallback is None
     assert _metric(metrics, "orchestrator_kv_handoffs_total") == 1
+
+
+def test_the_prefill_half_samples_the_first_token_as_the_request_asks():
+    """SGLang's decode engine continues from the token the prefill engine sampled (its grammar accepts it,
+    its log-probabilities come with it): the prefill half carries the constraint and the log-probabilities
+    asked, and may not end at EOS before min_tokens; the prompt's log-probabilities are not its to give."""
+    pools = RendezvousPools()
+    path, _ = _path(pools)
+    constraint = StructuredOutput(StructuredKind.JSON_OBJECT)
+    spec = SamplingSpec(max_tokens=4, min_tokens=3, logprobs=2, logprob_token_ids=(7,), structured=constraint)
+    chunks, _ = _run(path, spec=spec)
+    assert len(chunks) == 4
+    (prefill,), (decode,) = pools.prefills, pools.decodes
+    assert decode.sampling == spec
+    assert prefill.sampling == replace(spec, max_tokens=1, min_tokens=1)
+    aggregated = replace(spec, prompt_logprobs=1, min_tokens=0)
+    assert EngineRequest("r", PROMPT, aggregated).for_prefill("p0", samples_first_token=True).sampling == replace(
+        aggregated, max_tokens=1, prompt_logprobs=None
+    )
 
 
 def test_a_failed_prefill_aborts_the_waiting_decode_and_retries_on_another_prefill_replica():
@@ -848,9 +995,15 @@ def test_a_client_closing_the_stream_cancels_both_halves():
 # -- the adapter over a stand-in for sglang.Engine (its documented call shapes) -------------
 
 
+class FakeTokenizer:
+    def batch_decode(self, sequences: list[list[int]]) -> list[str]:
+        return ["".join(f"t{t}" for t in ids) for ids in sequences]
+
+
 class FakeTokenizerManager:
     def __init__(self) -> None:
         self.aborted: list[str] = []
+        self.tokenizer = FakeTokenizer()
 
     def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
         self.aborted.append(rid)
