@@ -89,6 +89,7 @@ def _template_message(m: ChatMessage, as_parts: bool) -> dict[str, Any]:
     if m.role == "assistant" and m.tool_calls:
         out["tool_calls"] = [
             {"id": c.id, "type": c.type, "function": {"name": c.function.name, "arguments": _arguments(c)}}
+            | (c.model_extra or {})
             for c in m.tool_calls
         ]
     reasoning = m.reasoning if m.reasoning is not None else m.reasoning_content

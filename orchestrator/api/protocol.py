@@ -1,7 +1,8 @@
 """OpenAI request bodies we accept, as pydantic models.
 
-Unknown fields are rejected (400 naming the field) rather than silently
-ignored; fields this server does not implement are accepted only at their
+Unknown request fields are rejected (400 naming the field) rather than
+silently ignored (unknown keys of the objects inside are ignored, as vLLM
+ignores them); fields this server does not implement are accepted only at their
 no-op value (`unsupported_fields`), so a client never gets an answer that
 quietly ignored what it asked for. Field names and limits follow vLLM's own
 OpenAI server, extensions included (`structured_outputs`, `return_token_ids`,
@@ -20,10 +21,12 @@ from orchestrator.messages import StructuredKind, StructuredOutput
 
 
 class _Body(BaseModel):
-    """Unknown fields are a 400; a known field given as null takes its default, as vLLM reads null for every
-    field it defaults (`n`: 1, `stream`: false, a completion's `max_tokens`: 16, ...)."""
+    """An object inside a request (a message, a tool, a response format, ...): keys it does not define are
+    ignored, as vLLM's server ignores them (a streamed tool call's `index` kept in the history, a provider's
+    `cache_control`). A known field given as null takes its default, as vLLM reads null for every field it
+    defaults (`n`: 1, `stream`: false, a completion's `max_tokens`: 16, ...)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="ignore")
 
     @model_validator(mode="before")
     @classmethod
@@ -216,6 +219,11 @@ RESERVED_XARGS = frozenset({"kv_transfer_params", "ec_transfer_params"})
 
 
 class _SamplingFields(_Body):
+    """A request's own fields: one neither OpenAI's API nor vLLM's server defines is a 400 naming it, since a
+    misspelt parameter would otherwise be a silent no-op (vLLM's server ignores it with a log line)."""
+
+    model_config = ConfigDict(extra="forbid")
+
     model: str
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -415,13 +423,18 @@ class FunctionCall(_Body):
 
 
 class ToolCall(_Body):
+    """A call in an assistant message of the history. Its other keys (a streamed call's `index`) reach the
+    template, as vLLM passes a call on."""
+
+    model_config = ConfigDict(extra="allow")
+
     id: str
     type: Literal["function"] = "function"
     function: FunctionCall
 
 
 class ChatMessage(_Body):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]  # "function": OpenAI's deprecated
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None

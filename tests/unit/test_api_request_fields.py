@@ -149,3 +149,42 @@ def _vllm_takes(model: type, body: dict[str, Any]) -> bool:
     except ValueError:
         return False
     return True
+
+
+HI = [{"role": "user", "content": "hi"}]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+# Keys that the objects inside a request do not define, as clients send them: vLLM's server ignores them.
+NESTED_EXTRAS = {
+    "a message's provider annotation": {"messages": [{"role": "user", "content": "hi", "cache_control": {}}]},
+    "a streamed call's index in the history": {
+        "messages": [
+            *HI,
+            {
+                "role": "assistant",
+                "tool_calls": [
+                    {"index": 0, "id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+                ],
+            },
+            {"role": "tool", "tool_call_id": "c", "content": "ok"},
+        ]
+    },
+    "a tool's provider annotation": {"tools": [{**TOOL, "cache_control": {}}], "tool_choice": "none"},
+    "a function's examples": {"tools": [{"type": "function", "function": {"name": "f", "examples": []}}]},
+    "a named choice's extra": {"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "f", "x": 1}}},
+    "stream options' extra": {"stream": True, "stream_options": {"include_usage": True, "x": 1}},
+    "a response format's extra": {"response_format": {"type": "json_object", "x": 1}},
+    "a JSON schema format's extra": {
+        "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {}, "x": 1}}
+    },
+}
+
+
+@pytest.mark.parametrize("case", sorted(NESTED_EXTRAS))
+def test_keys_the_objects_inside_a_request_do_not_define_are_ignored_as_vllm_ignores_them(case):
+    vllm_model = _vllm_models()["/v1/chat/completions"]
+    body = {"model": MODEL, "messages": HI, "max_tokens": 2, **NESTED_EXTRAS[case]}
+    if "tools" in body and "tool_choice" not in body:
+        body["tool_choice"] = "none"
+    assert _vllm_takes(vllm_model, body)
+    r = post(make_frontend(engine_kind="vllm"), "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text

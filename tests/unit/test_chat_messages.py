@@ -93,8 +93,12 @@ MESSAGES = [
             {"id": "c2", "type": "function", "function": {"name": "time", "arguments": "not json"}},
             {"id": "c3", "type": "function", "function": {"name": "date", "arguments": "[1, 2]"}},
             {"id": "c4", "type": "function", "function": {"name": "now", "arguments": ""}},
+            # A call accumulated from streamed deltas keeps their `index`; unknown keys are ignored, as vLLM.
+            {"index": 4, "id": "c5", "type": "function", "function": {"name": "now", "arguments": "{}"}},
         ],
+        "cache_control": {"type": "ephemeral"},
     },
+    {"role": "function", "name": "now", "content": "12:00"},  # OpenAI's deprecated function result
     {
         "role": "tool",
         "tool_call_id": "c1",
