@@ -50,7 +50,7 @@ def logprob_kwargs(spec: SamplingSpec) -> dict[str, Any]:
 
 
 class _Texts:
-    """Token texts for a batch of entries: SGLang's where it sent them, else decoded in one call."""
+    """Token texts for the entries an answer lists: SGLang's where it sent them, else decoded in one call."""
 
     def __init__(self, entries: Sequence[Sequence[Any]], token_texts: TokenTexts) -> None:
         missing = sorted({int(e[1]) for e in entries if e[2] is None})
@@ -90,8 +90,8 @@ def output_logprobs(
     if len(sampled) != count or (others and len(others) != count):
         raise EngineError(f"SGLang sent log-probabilities for {len(sampled)} of {count} new tokens")
     others = others or [None] * count
-    texts = _Texts([*sampled, *(e for o in others for e in o or ())], token_texts)
     limit = None if asked else spec.logprobs
+    texts = _Texts([*sampled, *(e for o in others for e in (o or ())[:limit])], token_texts)
     return tuple(texts.position(s, o, not asked, limit) for s, o in zip(sampled, others, strict=True))
 
 
@@ -106,7 +106,8 @@ def prompt_logprobs(
     if not tokens:
         raise EngineError("SGLang sent no prompt log-probabilities")
     tops = [top or () for top in meta.get("input_top_logprobs") or [None] * len(tokens)]
-    texts = _Texts([*tokens, *(e for top in tops for e in top)], token_texts)
+    scored = [token for token in tokens if token[0] is not None]
+    texts = _Texts([*scored, *(e for top in tops for e in top[: spec.prompt_logprobs])], token_texts)
     return tuple(
         None if token[0] is None else texts.position(token, top, True, spec.prompt_logprobs)
         for token, top in zip(tokens, tops, strict=True)
