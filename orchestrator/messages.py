@@ -261,9 +261,10 @@ class PrefillResult:
 
 @dataclass
 class CompletionTotals:
-    """Accumulates a stream of chunks into the whole answer."""
+    """Accumulates a stream of chunks into the whole answer; linear in its length
+    (the text's pieces are joined when it is read, once per read after growth)."""
 
-    text: str = ""
+    _pieces: list[str] = field(default_factory=list)
     token_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the stop string or token id that ended it; None: EOS, length, ...
@@ -272,8 +273,15 @@ class CompletionTotals:
     logprobs: list[PositionLogprobs] = field(default_factory=list)
     prompt_logprobs: tuple[PositionLogprobs | None, ...] | None = None
 
+    @property
+    def text(self) -> str:
+        if len(self._pieces) > 1:
+            self._pieces[:] = ["".join(self._pieces)]
+        return self._pieces[0] if self._pieces else ""
+
     def add(self, chunk: EngineChunk) -> None:
-        self.text += chunk.text
+        if chunk.text:
+            self._pieces.append(chunk.text)
         self.token_ids.extend(chunk.token_ids)
         if chunk.logprobs:
             self.logprobs.extend(chunk.logprobs)

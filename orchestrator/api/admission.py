@@ -20,3 +20,16 @@ class AdmissionGate:
     def leave(self) -> None:
         self.in_flight -= 1
         assert self.in_flight >= 0, "left more often than entered"
+
+
+class Slot:
+    """One admitted request's place in the gate; released exactly once."""
+
+    def __init__(self, gate: AdmissionGate) -> None:
+        self._gate = gate
+        self._held = True
+
+    def release(self) -> None:
+        if self._held:
+            self._held = False
+            self._gate.leave()

@@ -4,8 +4,8 @@ format the model was trained on, named in the config (`model.tool_call_parser`).
 A registry keyed by format name: the formats below are read here; any other
 name is looked up in the engine's own registry (vLLM's `--tool-call-parser`
 names, orchestrator/engines/vllm_tool_parsers.py). Each parser reads a whole
-output into (content, calls) and, streamed, lets content through until a call
-begins, holding back any suffix that could be the start of one.
+output into (content, calls), and names the openers a call begins with: a
+stream lets content through until one appears (orchestrator/api/call_opener.py).
 
     hermes: content <tool_call>{"name": ..., "arguments": {...}}</tool_call> ...
             (Hermes 2 Pro, Qwen 2.5 / Qwen 3; as vLLM's `hermes` parser,
@@ -39,7 +39,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from orchestrator.api.partial_tags import held_back
 from orchestrator.api.protocol import Tool
 
 
@@ -61,14 +60,10 @@ class ToolCallParser(Protocol):
         argument types from their schemas); no calls when it holds none that parse."""
         ...
 
-    def start(self, text: str) -> int | None:
-        """Where the first call begins in `text`, or None."""
-        ...
-
-    def safe_prefix(self, text: str) -> int:
-        """How much of `text` (no call begun yet) can be sent as content: all but a
-        suffix that could still become the start of a call."""
-        ...
+    # What a call begins with. Anchored: a call is the output's beginning or there is none;
+    # else the first opener anywhere begins one. None: a call may begin anywhere, unmarked.
+    openers: tuple[str, ...] | None
+    anchored: bool
 
 
 @dataclass(frozen=True)
@@ -76,6 +71,11 @@ class HermesParser:
     open_tag: str = "<tool_call>"
     close_tag: str = "</tool_call>"
     keeps_special_tokens: bool = True
+    anchored: bool = False
+
+    @property
+    def openers(self) -> tuple[str, ...]:
+        return (self.open_tag,)
 
     def _calls(self, text: str) -> list[dict[str, Any]]:
         pattern = (
@@ -88,26 +88,24 @@ class HermesParser:
         return calls
 
     def parse(self, text: str, tools: Sequence[Tool] = ()) -> tuple[str, list[dict[str, Any]]]:
-        begin = self.start(text)
-        if begin is None:
+        begin = text.find(self.open_tag)
+        if begin < 0:
             return text, []
         try:
             return text[:begin], self._calls(text)
         except (ValueError, KeyError, TypeError):
             return text, []
 
-    def start(self, text: str) -> int | None:
-        at = text.find(self.open_tag)
-        return None if at < 0 else at
-
-    def safe_prefix(self, text: str) -> int:
-        return len(text) - held_back(text, self.open_tag)
-
 
 @dataclass(frozen=True)
 class Llama3JsonParser:
     bot_token: str = "<|python_tag|>"
     keeps_special_tokens: bool = False  # vLLM's parser leaves the engine's default (the tag may be skipped)
+    anchored: bool = True  # streamed, an output that does not begin with the tag or "{" is content (vLLM's)
+
+    @property
+    def openers(self) -> tuple[str, ...]:
+        return (self.bot_token, "{")
 
     def parse(self, text: str, tools: Sequence[Tool] = ()) -> tuple[str, list[dict[str, Any]]]:
         if self.bot_token not in text and "{" not in text:
@@ -126,12 +124,6 @@ class Llama3JsonParser:
             except (ValueError, KeyError, TypeError):
                 return text, []
         return ("", calls) if calls else (text, [])
-
-    def start(self, text: str) -> int | None:
-        return 0 if text.startswith((self.bot_token, "{")) else None
-
-    def safe_prefix(self, text: str) -> int:
-        return 0 if self.bot_token.startswith(text) else len(text)
 
 
 _IDENTIFIER = re.compile(r"[a-zA-Z]\w*")
@@ -205,6 +197,8 @@ def _dotted_name(node: ast.expr) -> str:
 @dataclass(frozen=True)
 class PythonicParser:
     keeps_special_tokens: bool = False
+    openers: tuple[str, ...] = ("[",)
+    anchored: bool = True
 
     def parse(self, text: str, tools: Sequence[Tool] = ()) -> tuple[str, list[dict[str, Any]]]:
         if not _looks_pythonic(text):
@@ -223,12 +217,6 @@ class PythonicParser:
         except (SyntaxError, ValueError, IndexError, RecursionError):
             return text, []
         return "", calls
-
-    def start(self, text: str) -> int | None:
-        return 0 if text.startswith("[") else None
-
-    def safe_prefix(self, text: str) -> int:
-        return len(text)
 
 
 # The formats read here; any other name is the engine's (orchestrator.engines.tool_call_parser).

@@ -9,7 +9,7 @@ server drives it:
                (tokenizer, chat_template_kwargs = the request's template variables)
     whole    = set_prompt_token_ids(prompt); parse(output text, token ids) -> (reasoning, content)
     streamed = parse_delta(each new piece of text and its token ids, prompt, finished),
-               the pieces of reasoning and content added up; so the prompt's own end of
+               each piece's reasoning and content passed on as they come; so the prompt's own end of
                thinking (a template that closed it) and the format's token-level markers
                are read as vLLM reads them, with no re-reading of the whole output per token
 
@@ -78,27 +78,14 @@ class VllmReasoningSplitter:
         self._parser = parser
         self._request = request
         self._prompt = list(prompt_token_ids)
-        self._seen_chars = 0
-        self._seen_tokens = 0
-        self._streamed = False
-        self._reasoning = ""
-        self._content = ""
 
-    def split(self, text: str, token_ids: Sequence[int], final: bool = True) -> tuple[str | None, str | None]:
-        if final and not self._streamed:  # a whole answer, read at once
-            self._parser.set_prompt_token_ids(self._prompt)
-            reasoning, content, _ = self._parser.parse(text, self._request, model_output_token_ids=token_ids)
-            return reasoning, content
-        self._streamed = True
-        delta = self._parser.parse_delta(
-            text[self._seen_chars :],
-            list(token_ids[self._seen_tokens :]),
-            self._request,
-            self._prompt,
-            finished=final,
-        )
-        self._seen_chars, self._seen_tokens = len(text), len(token_ids)
-        if delta is not None:
-            self._reasoning += delta.reasoning or ""
-            self._content += delta.content or ""
-        return self._reasoning or None, self._content or None
+    def split(self, text: str, token_ids: Sequence[int]) -> tuple[str | None, str | None]:
+        self._parser.set_prompt_token_ids(self._prompt)
+        reasoning, content, _ = self._parser.parse(text, self._request, model_output_token_ids=token_ids)
+        return reasoning, content
+
+    def feed(self, text: str, token_ids: Sequence[int], final: bool) -> tuple[str, str]:
+        delta = self._parser.parse_delta(text, list(token_ids), self._request, self._prompt, finished=final)
+        if delta is None:
+            return "", ""
+        return delta.reasoning or "", delta.content or ""

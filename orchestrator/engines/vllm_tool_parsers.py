@@ -6,11 +6,11 @@ itself (mistral, qwen3_coder, deepseek_v3, kimi_k2, glm45, granite, xlam, ...).
                            (the tokenizer, the request's tools), then
                            extract_tool_calls(text, a vLLM request holding those tools)
     keeps_special_tokens = the parser's own adjust_request turns skip_special_tokens off
-    start / safe_prefix  = where the first of the format's call openers begins: the terminals
-                           of its grammar that lead from content into a call (vLLM's
-                           engine-based parsers), else its `tool_calls_start_token`,
-                           `tool_call_start_token` or `bot_token`; a format with none holds
-                           the whole streamed output until the finish, then reads it
+    openers              = what begins a call anywhere in the output: the terminals of its
+                           grammar that lead from content into a call (vLLM's engine-based
+                           parsers), else its `tool_calls_start_token`, `tool_call_start_token`
+                           or `bot_token`; a format with none (None) holds the whole streamed
+                           output until the finish, then reads it
 
 Streamed, the calls come whole with the finish, as for the frontend's own formats
 (vLLM's server streams each call's arguments as they grow). vLLM is imported when a
@@ -23,7 +23,6 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.api.partial_tags import held_back
 from orchestrator.api.protocol import Tool
 from orchestrator.prompts import Tokenizer
 
@@ -100,7 +99,8 @@ class VllmToolParser:
         probe_request = chat_request([_PROBE_TOOL])
         probe = self._new(probe_request)
         self.keeps_special_tokens: bool = not probe.adjust_request(probe_request).skip_special_tokens
-        self.openers = _call_openers(probe)
+        self.openers: tuple[str, ...] | None = _call_openers(probe) or None
+        self.anchored = False
         try:
             probe.extract_tool_calls("", probe_request)
         except NotImplementedError:  # e.g. "openai": vLLM reads gpt-oss calls from Harmony tokens, not text
@@ -126,14 +126,3 @@ class VllmToolParser:
             for c in found.tool_calls
         ]
         return found.content or "", calls
-
-    def start(self, text: str) -> int | None:
-        if not self.openers:
-            return 0 if text else None
-        found = [at for opener in self.openers if (at := text.find(opener)) >= 0]
-        return min(found) if found else None
-
-    def safe_prefix(self, text: str) -> int:
-        if not self.openers:
-            return 0
-        return len(text) - max(held_back(text, opener) for opener in self.openers)

@@ -251,7 +251,7 @@ def test_chat_template_options_and_variables_reach_the_template():
     fe = make_frontend(disaggregated=False)
     _chat(fe, max_tokens=1, chat_template_kwargs={"enable_thinking": False})
     _chat(fe, max_tokens=1, add_generation_prompt=False, continue_final_message=True)
-    encode = fe.service.renderer.tokenizer.encode
+    encode = fe.service.preparer.renderer.tokenizer.encode
     with_vars, open_end = (g.prompt_token_ids for g in fe.decode.generates)
     assert with_vars == tuple(encode("<user> hi enable_thinking=False <assistant>", add_special_tokens=False))
     assert open_end == tuple(encode("<user> hi", add_special_tokens=False))
@@ -478,7 +478,7 @@ def test_reasoning_effort_and_documents_reach_the_template_as_vllm_merges_them()
     _chat(fe, max_tokens=1, reasoning_effort="none")
     _chat(fe, max_tokens=1, reasoning_effort="high", chat_template_kwargs={"enable_thinking": False})
     _chat(fe, max_tokens=1, documents=[{"title": "t", "text": "x"}])
-    encode = fe.service.renderer.tokenizer.encode
+    encode = fe.service.preparer.renderer.tokenizer.encode
     prompts = [g.prompt_token_ids for g in fe.decode.generates]
     assert prompts[0] == tuple(encode("<user> hi enable_thinking=False reasoning_effort=none <assistant>", False))
     assert prompts[1] == tuple(encode("<user> hi enable_thinking=False reasoning_effort=high <assistant>", False))

@@ -33,7 +33,7 @@ def vllm_parser(tokenizer):
 @pytest.mark.parametrize("text", OUTPUTS)
 def test_think_splits_as_vllms_deepseek_r1_parser(vllm_parser, text):
     request = ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "x"}])
-    assert PARSERS["deepseek_r1"].split(text) == vllm_parser.extract_reasoning(text, request)
+    assert PARSERS["deepseek_r1"].splitter({}, ()).split(text) == vllm_parser.extract_reasoning(text, request)
 
 
 @pytest.mark.parametrize("thinking", [True, False])
@@ -49,9 +49,12 @@ def test_qwen3_splits_as_vllms_qwen3_parser_with_thinking_on_and_off(tokenizer, 
 
 def test_a_partial_tag_is_not_sent_before_it_is_known():
     think = PARSERS["qwen3"].splitter({}, ())
-    assert think.split("<thi", (), final=False) == (None, None)
-    assert think.split("<think>abc</thi", (), final=False) == ("abc", None)
-    assert think.split("<think>abc</think>de", (), final=False) == ("abc", "de")
+    assert think.feed("<thi", (), False) == ("", "")
+    assert think.feed("nk>abc</thi", (), False) == ("abc", "")
+    assert think.feed("nk>de", (), False) == ("", "de")
+    unfinished = PARSERS["qwen3"].splitter({}, ())
+    assert unfinished.feed("abc</th", (), False) == ("abc", "")
+    assert unfinished.feed("", (), True) == ("</th", "")  # the output ended: what was held is reasoning
 
 
 SCRIPT = ("<think>", "Two and", " two.</th", "ink>Fo", "ur.")

@@ -12,6 +12,7 @@ from vllm.tool_parsers.hermes_tool_parser import Hermes2ProToolParser
 from vllm.tool_parsers.llama_tool_parser import Llama3JsonToolParser
 from vllm.tool_parsers.pythonic_tool_parser import PythonicToolParser
 
+from orchestrator.api.call_opener import CallOpenerScan
 from orchestrator.api.tool_parsers import PARSERS, _looks_pythonic
 from tests.factories import FakePool, chat, json_events, make_frontend, tiny_tokenizer
 
@@ -85,8 +86,13 @@ def test_each_parser_reads_what_vllms_parser_of_its_name_reads(tokenizer, name, 
 
 def test_llama3_json_streams_content_unless_the_output_opens_with_a_call():
     llama = PARSERS["llama3_json"]
-    assert llama.start('{"name"') == 0 and llama.start("<|python_tag|>{") == 0 and llama.start("Hi {") is None
-    assert llama.safe_prefix("<|pyth") == 0 and llama.safe_prefix("Hi") == 2
+
+    def scanned(*pieces: str) -> tuple[int, int | None]:
+        scan = CallOpenerScan(llama.openers, llama.anchored)
+        return [scan.feed(p) for p in pieces][-1], scan.call_at
+
+    assert scanned('{"name"') == (0, 0) and scanned("<|pyth", "on_tag|>{") == (0, 0)
+    assert scanned("<|pyth") == (0, None) and scanned("Hi") == (2, None) and scanned("Hi {", '"name"') == (10, None)
     call = ('{"name": "get_weather", ', '"parameters": {"city": "Oslo"}}')
     fe = make_frontend(decode=FakePool("decode_pool", script=call), tool_call_parser="llama3_json")
     events = json_events(_chat(fe, max_tokens=8, tools=TOOLS, stream=True))
@@ -142,7 +148,13 @@ def test_pythonic_streams_content_unless_the_output_opens_with_a_list():
 
 def test_a_partial_tag_is_held_back_until_it_is_known():
     hermes = PARSERS["hermes"]
-    assert hermes.safe_prefix("ok <tool_") == 3 and hermes.safe_prefix("ok <b") == 5 and hermes.safe_prefix("a <") == 2
+
+    def sendable(*pieces: str) -> int:
+        scan = CallOpenerScan(hermes.openers, hermes.anchored)
+        return [scan.feed(p) for p in pieces][-1]
+
+    assert sendable("ok <tool_") == 3 and sendable("ok <b") == 5 and sendable("a <") == 2
+    assert sendable("ok <to", "ol_") == 3 and sendable("ok <", "tool_call>") == 3
 
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]

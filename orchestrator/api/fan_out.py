@@ -1,0 +1,125 @@
+"""Choice fan-out: every choice of a request run on its group's request path, their
+chunks merged in arrival order.
+
+    choice 0 of prompt i (the lead) is routed; the prompt's other samples wait
+    for the lead's decode replica and follow it there (its cache holds the prompt)
+    one choice streams as is; several are pumped into one queue
+
+Latency metrics (TTFT, ITL) are observed here, on choice 0, as its chunks pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Protocol
+
+from orchestrator.api.prepared import ChoicePlan, PreparedRequest
+from orchestrator.messages import EngineChunk, EngineRequest
+from orchestrator.metrics import FrontendMetrics
+from orchestrator.request_path import RequestPath, RequestTrace
+from orchestrator.routing.shape import ShapeRouter
+
+
+class RoutedChoice(Protocol):
+    plan: ChoicePlan
+    trace: RequestTrace
+
+
+class ChoiceFanOut:
+    def __init__(
+        self,
+        path: RequestPath,
+        metrics: FrontendMetrics,
+        clock: Callable[[], float] = time.perf_counter,
+        group_paths: Mapping[str, RequestPath] | None = None,
+        shape_router: ShapeRouter | None = None,
+    ) -> None:
+        # `path` serves every request, unless `shape_router` is given: then it
+        # names, per request, the group whose path in `group_paths` serves it.
+        self.path = path
+        self.group_paths = dict(group_paths or {})
+        self.shape_router = shape_router
+        self.metrics = metrics
+        self.clock = clock
+
+    def path_for(self, request: EngineRequest) -> RequestPath:
+        """The path of the group the shape router names. A group with no live
+        decode replica (starting, gone) hands its request to the unique group;
+        the counter records the group that serves it."""
+        if self.shape_router is None:
+            return self.path
+        decision = self.shape_router.route(request)
+        group = decision.group
+        if not self.group_paths[group].decode_pool.replicas():
+            fallback = self.shape_router.config.unique_group
+            if self.group_paths[fallback].decode_pool.replicas():
+                group = fallback
+        self.metrics.shape_decisions.labels(group, decision.shape.value).inc()
+        self.metrics.shape_prefix_reuse.observe(decision.reuse)
+        return self.group_paths[group]
+
+    async def _chunks(
+        self, p: PreparedRequest, plan: ChoicePlan, trace: RequestTrace, follow: str | None = None
+    ) -> AsyncIterator[EngineChunk]:
+        """One choice's chunks, with latency metrics observed as they pass (of choice 0)."""
+        last = None
+        observe = plan.index == 0
+        path = self.path_for(plan.request)
+        async with contextlib.aclosing(path.stream(plan.request, trace, follow)) as chunks:
+            async for chunk in chunks:
+                n = len(chunk.token_ids)
+                if n and observe:
+                    now = self.clock()
+                    if last is None:
+                        self.metrics.ttft.observe(now - p.arrival)
+                    else:
+                        for _ in range(n):
+                            self.metrics.itl.observe((now - last) / n)
+                    last = now
+                yield chunk
+
+    async def choice_chunks(
+        self, p: PreparedRequest, states: Sequence[RoutedChoice]
+    ) -> AsyncIterator[tuple[int, EngineChunk]]:
+        """(choice index, chunk) of every choice as they arrive; one choice is streamed as is."""
+        if len(states) == 1:
+            async for chunk in self._chunks(p, states[0].plan, states[0].trace):
+                yield 0, chunk
+            return
+        queue: asyncio.Queue[tuple[int, EngineChunk | None, Exception | None]] = asyncio.Queue()
+        lead_replica = {s.plan.prompt: asyncio.get_running_loop().create_future() for s in states if s.plan.lead}
+
+        async def pump(state: RoutedChoice) -> None:
+            plan = state.plan
+            followed = lead_replica[plan.prompt]
+            try:
+                follow = None if plan.lead else await followed
+                async for chunk in self._chunks(p, plan, state.trace, follow):
+                    if plan.lead and not followed.done() and state.trace.route is not None:
+                        followed.set_result(state.trace.route.decode_replica)
+                    queue.put_nowait((plan.index, chunk, None))
+            except Exception as e:
+                queue.put_nowait((plan.index, None, e))
+            finally:
+                if plan.lead and not followed.done():
+                    followed.set_result(None)
+            queue.put_nowait((plan.index, None, None))
+
+        tasks = [asyncio.create_task(pump(s)) for s in states]
+        try:
+            running = len(tasks)
+            while running:
+                index, chunk, error = await queue.get()
+                if error is not None:
+                    raise error
+                if chunk is None:
+                    running -= 1
+                else:
+                    yield index, chunk
+        finally:
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
