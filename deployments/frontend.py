@@ -14,6 +14,7 @@ from deployments.pool_client import ServePoolClient
 from orchestrator.api.app import AppHooks, Health, build_openai_app
 from orchestrator.config import PRIMARY_GROUP, AppConfig, DataPlane
 from orchestrator.frontend import PoolGroup, build_frontend
+from orchestrator.metrics import DirectPathFallbacks
 from orchestrator.prompts import load_tokenizer
 from orchestrator.wire.client import ReplicaStreams
 
@@ -41,15 +42,17 @@ class Frontend:
         handles.update({name: (pair[0], pair[1]) for name, pair in (pool_groups or {}).items()})
         # One data-plane connection per replica, shared by every pool and request.
         self.streams = ReplicaStreams() if app.frontend.data_plane is DataPlane.DIRECT else None
+        fallbacks = DirectPathFallbacks()
         groups = {
             name: PoolGroup(
-                ServePoolClient(decode, self.streams),
-                ServePoolClient(prefill, self.streams) if prefill is not None else None,
+                ServePoolClient(decode, self.streams, fallbacks),
+                ServePoolClient(prefill, self.streams, fallbacks) if prefill is not None else None,
             )
             for name, (decode, prefill) in handles.items()
         }
         tokenizer = await asyncio.to_thread(load_tokenizer, app.model.tokenizer_source)
         self.parts = build_frontend(app, groups, tokenizer)
+        self.parts.metrics.add_collector(fallbacks)
         self.api_key = None
         if app.frontend.auth.api_key_env is not None:
             self.api_key = os.environ.get(app.frontend.auth.api_key_env)

@@ -1,7 +1,8 @@
 """`PoolClient` over a Serve deployment: Serve says which replicas exist
 (the pool's request router, with their metadata and load); requests go to
 the replica the scheduler named over the direct data plane (orchestrator/wire)
-where that replica publishes a `stream_port`, else through the handle."""
+where that replica publishes a `stream_port`, else through the handle, counted
+in `orchestrator_direct_path_fallbacks_total` when the data plane is on."""
 
 from __future__ import annotations
 
@@ -12,40 +13,53 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.registries import router_for
 from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
-from orchestrator.pools import ReplicaView
+from orchestrator.metrics import DirectPathFallbacks
+from orchestrator.pools import DirectPathFallback, ReplicaView
 from orchestrator.wire.client import ReplicaStreams
 
 
 class ServePoolClient:
-    def __init__(self, handle: DeploymentHandle, streams: ReplicaStreams | None = None) -> None:
-        """`streams`: the frontend's data-plane connections; None: handle calls only."""
+    def __init__(
+        self,
+        handle: DeploymentHandle,
+        streams: ReplicaStreams | None = None,
+        fallbacks: DirectPathFallbacks | None = None,
+    ) -> None:
+        """`streams`: the frontend's data-plane connections; None: handle calls only.
+        `fallbacks`: where a call that could not take the data plane is counted."""
         self.name = handle.deployment_name
         self._handle = handle
         self._stream = handle.options(stream=True)
         self._streams = streams
+        self._fallbacks = fallbacks or DirectPathFallbacks()
 
     def replicas(self) -> list[ReplicaView]:
         router = router_for(self._handle.app_name, self.name)
         return router.replica_views() if router is not None else []
 
-    def _address(self, replica_id: str | None) -> tuple[str, int] | None:
-        """The named replica's data-plane address; None: use the handle
-        (no data plane, no replica named, or the replica is not live)."""
-        if self._streams is None or replica_id is None:
+    def _address(self, request: EngineRequest, view: ReplicaView | None) -> tuple[str, int] | None:
+        """The replica's data-plane address, from the view the request was routed on; None: use
+        the handle (no data plane configured, or a counted fallback)."""
+        if self._streams is None:
             return None
-        router = router_for(self._handle.app_name, self.name)
-        view = router.replica_view(replica_id) if router is not None else None
-        if view is None or view.info is None or view.info.stream_port is None:
-            return None
-        return view.info.host, view.info.stream_port
+        if request.target_replica is None:
+            reason = DirectPathFallback.NO_REPLICA_NAMED
+        elif view is None or view.replica_id != request.target_replica:
+            reason = DirectPathFallback.REPLICA_NOT_LIVE
+        elif view.info is None or view.info.stream_port is None:
+            reason = DirectPathFallback.NO_STREAM_PORT
+        else:
+            return view.info.host, view.info.stream_port
+        self._fallbacks.count(self.name, reason)
+        return None
 
     async def connect(self) -> dict:
         """One call that makes the handle build its router (which then learns
         the pool's replicas); returns the answering replica's engine info."""
         return await self._handle.engine_info.remote()
 
-    async def prefill(self, request: EngineRequest) -> PrefillResult:
-        address = self._address(request.target_replica)
+    async def prefill(self, request: EngineRequest, view: ReplicaView | None = None) -> PrefillResult:
+        address = self._address(request, view)
         if address is not None:
             return await self._streams.prefill(address, request)
         response = self._handle.prefill.remote(request)
@@ -55,8 +69,8 @@ class ServePoolClient:
             response.cancel()
             raise
 
-    def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
-        address = self._address(request.target_replica)
+    def generate(self, request: EngineRequest, view: ReplicaView | None = None) -> AsyncIterator[EngineChunk]:
+        address = self._address(request, view)
         if address is not None:
             return self._streams.generate(address, request)
         return self._handle_generate(request)

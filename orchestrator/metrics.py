@@ -8,12 +8,13 @@ pools' latest replica reports.
 
 from __future__ import annotations
 
+from collections import Counter as Tally
 from collections.abc import Callable, Iterable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from orchestrator.pools import ReplicaView
+from orchestrator.pools import DirectPathFallback, ReplicaView
 
 PREFIX = "orchestrator"
 TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 20, 60)
@@ -192,3 +193,27 @@ class FrontendMetrics:
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class DirectPathFallbacks:
+    """Calls sent through Serve's handles although the direct data plane is on, by pool and reason
+    (`orchestrator_direct_path_fallbacks_total`): each is slower (every chunk through Ray), never lost."""
+
+    def __init__(self) -> None:
+        self._counts: Tally[tuple[str, DirectPathFallback]] = Tally()
+
+    def count(self, pool: str, reason: DirectPathFallback) -> None:
+        self._counts[(pool, reason)] += 1
+
+    def total(self) -> int:
+        return sum(self._counts.values())
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily(
+            f"{PREFIX}_direct_path_fallbacks",
+            "Pool calls sent through Serve handles although the direct data plane is on.",
+            labels=["pool", "reason"],
+        )
+        for (pool, reason), n in sorted(self._counts.items()):
+            family.add_metric([pool, reason.value], n)
+        yield family

@@ -7,6 +7,7 @@ simulator it is backed by plain objects.
 
 from __future__ import annotations
 
+import enum
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -24,6 +25,14 @@ class ReplicaView:
     stats: EngineStats | None = None
 
 
+class DirectPathFallback(str, enum.Enum):
+    """Why a call went through Serve's handles although the direct data plane is on."""
+
+    NO_REPLICA_NAMED = "no_replica_named"  # routed before the pool reported its replicas
+    REPLICA_NOT_LIVE = "replica_not_live"  # the named replica is not among the pool's live replicas
+    NO_STREAM_PORT = "no_stream_port"  # the replica publishes no data-plane port
+
+
 class PoolClient(Protocol):
     name: str
 
@@ -31,12 +40,13 @@ class PoolClient(Protocol):
         """Live replicas, ordered by id. Empty until the pool has reported in."""
         ...
 
-    async def prefill(self, request: EngineRequest) -> PrefillResult:
-        """Run a remote prefill on `request.target_replica` (any replica if None).
+    async def prefill(self, request: EngineRequest, view: ReplicaView | None = None) -> PrefillResult:
+        """Run a remote prefill on `request.target_replica` (any replica if None), whose view, as the
+        caller routed on it, is `view` (None: not among the live replicas, or none named).
         Cancelling the call cancels it on the replica."""
         ...
 
-    def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
-        """Stream a request from `request.target_replica` (any replica if None).
-        Closing the iterator early aborts the request on the replica."""
+    def generate(self, request: EngineRequest, view: ReplicaView | None = None) -> AsyncIterator[EngineChunk]:
+        """Stream a request from `request.target_replica` (any replica if None), `view` as for
+        `prefill`. Closing the iterator early aborts the request on the replica."""
         ...

@@ -49,6 +49,7 @@ from orchestrator.engines.base import (
     KVHandoff,
     rendezvous_transfer,
 )
+from orchestrator.kv.prompt_blocks import PromptBlocks
 from orchestrator.messages import EngineChunk, EngineRequest, KVTransfer, PrefillResult
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import PoolClient, ReplicaView
@@ -91,6 +92,15 @@ def _is_concurrent(view: ReplicaView | None) -> bool:
     return view is not None and view.info is not None and view.info.kv_handoff is KVHandoff.CONCURRENT
 
 
+def _prefills_locally(view: ReplicaView | None) -> bool:
+    return view is None or view.info is None or view.info.prefills_locally
+
+
+def _view(views: Sequence[ReplicaView], replica_id: str | None) -> ReplicaView | None:
+    """The named replica among `views` (a pool's, read once per request); None if it is not there."""
+    return next((v for v in views if v.replica_id == replica_id), None) if replica_id is not None else None
+
+
 class RequestPath:
     def __init__(
         self,
@@ -125,13 +135,20 @@ class RequestPath:
         self._suspect_until: dict[str, float] = {}  # decode replica -> when it may take new requests again
 
     async def stream(
-        self, request: EngineRequest, trace: RequestTrace, follow: str | None = None
+        self,
+        request: EngineRequest,
+        trace: RequestTrace,
+        follow: str | None = None,
+        blocks: PromptBlocks | None = None,
     ) -> AsyncIterator[EngineChunk]:
         """`follow`: a decode replica that holds this prompt's KV (another sample of the
         same prompt streams there): the request prefills there, from its cache, if the
-        replica is still in the pool."""
+        replica is still in the pool. `blocks`: the prompt's blocks, if the shape router
+        computed them. The pools' replicas are read once: the views routed on are the
+        views the calls go to."""
         prefill_replicas = self.prefill_pool.replicas() if self.prefill_pool is not None else None
-        decode_replicas = self._trusted_decode_replicas()
+        live_decode = self.decode_pool.replicas()
+        decode_replicas = self._trusted(live_decode)
         followed = [v for v in decode_replicas if v.replica_id == follow]
         start = self.clock()
         # Routed as if aggregated (the scheduler accounts a local prefill), then named for why.
@@ -141,11 +158,11 @@ class RequestPath:
         elif request.prefills_where_it_decodes:
             local_reason = RouteReason.PROMPT_LOGPROBS
         if local_reason is not None:
-            route = self.scheduler.route_request(request, None, decode_replicas)
+            route = self.scheduler.route_request(request, None, decode_replicas, blocks)
             if prefill_replicas is not None:
                 route = replace(route, kind=RouteKind.LOCAL_PREFILL, reason=local_reason)
         else:
-            route = self.scheduler.route_request(request, prefill_replicas, decode_replicas)
+            route = self.scheduler.route_request(request, prefill_replicas, decode_replicas, blocks)
         decided = self.clock() - start
         self.metrics.decision_seconds.observe(decided)
         self.metrics.hop_seconds.labels("route").observe(decided)
@@ -154,14 +171,23 @@ class RequestPath:
         try:
             kv = None
             concurrent_with = None
+            prefill_accounted = False
             if route.remote_prefill:
-                view = self._prefill_view(route.prefill_replica, prefill_replicas or ())
+                view = _view(prefill_replicas or (), route.prefill_replica)
                 if _is_concurrent(view):
                     concurrent_with = view
                 else:
-                    kv = await self._remote_prefill(request.for_prefill(route.prefill_replica), trace)
+                    kv = await self._remote_prefill(request.for_prefill(route.prefill_replica), view, trace)
                     self.scheduler.on_prefill_done(request.request_id)
-            decode = self._decode(request, request.for_decode(route.decode_replica, kv), trace, concurrent_with)
+                    prefill_accounted = True
+            decode = self._decode(
+                request,
+                request.for_decode(route.decode_replica, kv),
+                _view(live_decode, route.decode_replica),
+                trace,
+                concurrent_with,
+                prefill_accounted,
+            )
             async for chunk in decode:
                 yield chunk
         finally:
@@ -171,23 +197,26 @@ class RequestPath:
         self,
         original: EngineRequest,
         request: EngineRequest,
+        view: ReplicaView | None,
         trace: RequestTrace,
         concurrent_with: ReplicaView | None = None,
+        prefill_accounted: bool = False,
     ) -> AsyncIterator[EngineChunk]:
-        """Stream `request`; `concurrent_with` is a CONCURRENT prefill replica
-        to hand the prompt's KV over from while the decode runs."""
+        """Stream `request` from its decode replica (`view`, as routed); `concurrent_with` is a
+        CONCURRENT prefill replica to hand the prompt's KV over from while the decode runs.
+        `prefill_accounted`: the scheduler was told the prompt is computed (a remote prefill)."""
         generated: list[int] = []
         sent_text = ""
         failed: set[str] = set()
         failed_prefills: set[str] = set()
         while True:
-            needs_prefill = request.kv_transfer is None and not self._prefills_locally(request.target_replica)
+            needs_prefill = request.kv_transfer is None and not _prefills_locally(view)
             if concurrent_with is None and needs_prefill:
                 concurrent_with = self._fallback_prefill_view(failed_prefills)
             source = (
-                self.decode_pool.generate(request)
+                self.decode_pool.generate(request, view)
                 if concurrent_with is None
-                else self._concurrent_handoff(request, concurrent_with, trace)
+                else self._concurrent_handoff(request, view, concurrent_with, trace)
             )
             sent = self.clock()
             try:
@@ -196,7 +225,9 @@ class RequestPath:
                         if chunk.num_prompt_tokens:
                             if not trace.migrations:  # once per request: a continuation's first chunk is not TTFT
                                 self.metrics.hop_seconds.labels("first_chunk").observe(self.clock() - sent)
-                            self.scheduler.on_prefill_done(original.request_id)
+                            if not prefill_accounted:
+                                self.scheduler.on_prefill_done(original.request_id)
+                                prefill_accounted = True
                         generated.extend(chunk.token_ids)
                         if trace.migrations and self.detokenize is not None:
                             chunk = replace(chunk, text=self._continued_text(generated, sent_text, chunk.finished))
@@ -229,14 +260,13 @@ class RequestPath:
                     e,
                     trace.migrations,
                 )
-                request = await self._migrate(original, generated, failed, trace.migrations)
+                request, view = await self._migrate(original, generated, failed, trace.migrations)
                 concurrent_with = None
 
     # -- replicas set aside after a failed stream ---------------------------------
 
-    def _trusted_decode_replicas(self) -> list[ReplicaView]:
-        """The decode pool's replicas less those set aside; all of them when none is left."""
-        views = self.decode_pool.replicas()
+    def _trusted(self, views: list[ReplicaView]) -> list[ReplicaView]:
+        """The decode pool's replicas (`views`) less those set aside; all of them when none is left."""
         if not self._suspect_until:
             return views
         now = self.clock()
@@ -261,33 +291,28 @@ class RequestPath:
 
     async def _migrate(
         self, original: EngineRequest, generated: list[int], failed: set[str], attempt: int
-    ) -> EngineRequest:
-        """The continuation, routed to a decode replica that has not failed it."""
+    ) -> tuple[EngineRequest, ReplicaView | None]:
+        """The continuation, routed to a decode replica that has not failed it, and that replica."""
         continued = original.continued(generated, attempt)
-        route = self.scheduler.route_request(continued, None, await self._migration_candidates(failed))
+        candidates = await self._migration_candidates(failed)
+        route = self.scheduler.route_request(continued, None, candidates)
         self.scheduler.on_request_finished(continued.request_id)  # accounted under the original id
-        return continued.for_decode(route.decode_replica, None)
+        return continued.for_decode(route.decode_replica, None), _view(candidates, route.decode_replica)
 
     async def _migration_candidates(self, failed: set[str]) -> list[ReplicaView]:
         """Replicas that have not failed this stream, those not set aside first.
         None: wait up to `migration_wait_s` for one to appear, then every replica."""
         deadline = self.clock() + self.migration_wait_s
         while True:
-            untried = [v for v in self._trusted_decode_replicas() if v.replica_id not in failed] or [
-                v for v in self.decode_pool.replicas() if v.replica_id not in failed
+            live = self.decode_pool.replicas()
+            untried = [v for v in self._trusted(live) if v.replica_id not in failed] or [
+                v for v in live if v.replica_id not in failed
             ]
             if untried or self.clock() >= deadline:
-                return untried or self.decode_pool.replicas()
+                return untried or live
             await asyncio.sleep(MIGRATION_POLL_S)
 
     # -- concurrent KV handoff (KVHandoff.CONCURRENT) -------------------------
-
-    def _prefill_view(self, replica_id: str | None, views: Sequence[ReplicaView]) -> ReplicaView | None:
-        return next((v for v in views if v.replica_id == replica_id), None)
-
-    def _prefills_locally(self, decode_replica: str | None) -> bool:
-        view = next((v for v in self.decode_pool.replicas() if v.replica_id == decode_replica), None)
-        return view is None or view.info is None or view.info.prefills_locally
 
     def _fallback_prefill_view(self, exclude: set[str]) -> ReplicaView:
         """A CONCURRENT prefill replica for a decode engine that cannot prefill
@@ -299,7 +324,7 @@ class RequestPath:
         return self.rng.choice(candidates)
 
     async def _concurrent_handoff(
-        self, request: EngineRequest, prefill: ReplicaView, trace: RequestTrace
+        self, request: EngineRequest, decode: ReplicaView | None, prefill: ReplicaView, trace: RequestTrace
     ) -> AsyncIterator[EngineChunk]:
         """Prefill on `prefill` and decode `request` at once, through a fresh
         rendezvous. Raises `_ConcurrentPrefillFailed` (decode aborted) when the
@@ -309,11 +334,14 @@ class RequestPath:
         kv = rendezvous_transfer(prefill.info, len(request.prompt_token_ids), self.rng.getrandbits(BOOTSTRAP_ROOM_BITS))
         prefill_call = asyncio.ensure_future(
             self._remote_prefill(
-                replace(request.for_prefill(prefill.replica_id, samples_first_token=True), kv_transfer=kv), trace
+                replace(request.for_prefill(prefill.replica_id, samples_first_token=True), kv_transfer=kv),
+                prefill,
+                trace,
             )
         )
         try:
-            async with contextlib.aclosing(self.decode_pool.generate(replace(request, kv_transfer=kv))) as chunks:
+            decoding = self.decode_pool.generate(replace(request, kv_transfer=kv), decode)
+            async with contextlib.aclosing(decoding) as chunks:
                 first = asyncio.ensure_future(anext(chunks))
                 try:
                     await asyncio.wait({prefill_call, first}, return_when=asyncio.FIRST_COMPLETED)
@@ -340,12 +368,14 @@ class RequestPath:
 
     # -- sequential KV handoff (KVHandoff.AFTER_PREFILL) ------------------------
 
-    async def _remote_prefill(self, request: EngineRequest, trace: RequestTrace) -> KVTransfer | None:
-        """Run a prefill request; None (and a counted fallback) when it fails or times out."""
+    async def _remote_prefill(
+        self, request: EngineRequest, view: ReplicaView | None, trace: RequestTrace
+    ) -> KVTransfer | None:
+        """Run a prefill request on its replica (`view`); None (and a counted fallback) when it fails or times out."""
         assert self.prefill_pool is not None
         start = self.clock()
         try:
-            result = await asyncio.wait_for(self.prefill_pool.prefill(request), self.prefill_timeout_s)
+            result = await asyncio.wait_for(self.prefill_pool.prefill(request, view), self.prefill_timeout_s)
         except EngineRequestRejected:
             raise  # the request itself is invalid; a local prefill would refuse it too
         except TimeoutError:

@@ -120,7 +120,7 @@ class FakePool:
     def replicas(self) -> list[ReplicaView]:
         return [ReplicaView(r) for r in self.replica_ids]
 
-    async def prefill(self, request: EngineRequest) -> PrefillResult:
+    async def prefill(self, request: EngineRequest, view: ReplicaView | None = None) -> PrefillResult:
         self.prefills.append(request)
         await asyncio.sleep(self.prefill_delay_s)
         if self.prefill_error is not None:
@@ -136,7 +136,7 @@ class FakePool:
             kv_transfer=transfer, num_prompt_tokens=n, num_cached_tokens=7, replica_id=request.target_replica
         )
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+    async def generate(self, request: EngineRequest, view: ReplicaView | None = None) -> AsyncIterator[EngineChunk]:
         """Greedy and deterministic: output token k of an original prompt is
         OUT + k, so a continuation (prompt + k tokens) picks up at OUT + k."""
         self.generates.append(request)

@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Protocol
 
 from orchestrator.api.prepared import ChoicePlan, PreparedRequest
+from orchestrator.kv.prompt_blocks import PromptBlocks
 from orchestrator.messages import EngineChunk, EngineRequest
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.request_path import RequestPath, RequestTrace
@@ -45,12 +46,12 @@ class ChoiceFanOut:
         self.metrics = metrics
         self.clock = clock
 
-    def path_for(self, request: EngineRequest) -> RequestPath:
-        """The path of the group the shape router names. A group with no live
-        decode replica (starting, gone) hands its request to the unique group;
-        the counter records the group that serves it."""
+    def path_for(self, request: EngineRequest) -> tuple[RequestPath, PromptBlocks | None]:
+        """The path of the group the shape router names, and the prompt's blocks it computed
+        (for that group's scheduler). A group with no live decode replica (starting, gone)
+        hands its request to the unique group; the counter records the group that serves it."""
         if self.shape_router is None:
-            return self.path
+            return self.path, None
         decision = self.shape_router.route(request)
         group = decision.group
         if not self.group_paths[group].decode_pool.replicas():
@@ -59,7 +60,7 @@ class ChoiceFanOut:
                 group = fallback
         self.metrics.shape_decisions.labels(group, decision.shape.value).inc()
         self.metrics.shape_prefix_reuse.observe(decision.reuse)
-        return self.group_paths[group]
+        return self.group_paths[group], decision.blocks
 
     async def _chunks(
         self, p: PreparedRequest, plan: ChoicePlan, trace: RequestTrace, follow: str | None = None
@@ -67,8 +68,8 @@ class ChoiceFanOut:
         """One choice's chunks, with latency metrics observed as they pass (of choice 0)."""
         last = None
         observe = plan.index == 0
-        path = self.path_for(plan.request)
-        async with contextlib.aclosing(path.stream(plan.request, trace, follow)) as chunks:
+        path, blocks = self.path_for(plan.request)
+        async with contextlib.aclosing(path.stream(plan.request, trace, follow, blocks)) as chunks:
             async for chunk in chunks:
                 n = len(chunk.token_ids)
                 if n and observe:

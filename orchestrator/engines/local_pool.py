@@ -28,8 +28,8 @@ class LocalPool:
             return []
         return [ReplicaView(self.replica_id, self.info, self.engine.stats())]
 
-    async def prefill(self, request: EngineRequest) -> PrefillResult:
+    async def prefill(self, request: EngineRequest, view: ReplicaView | None = None) -> PrefillResult:
         return dataclasses.replace(await self.engine.prefill(request), replica_id=self.replica_id)
 
-    def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+    def generate(self, request: EngineRequest, view: ReplicaView | None = None) -> AsyncIterator[EngineChunk]:
         return self.engine.generate(request)

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from orchestrator.kv.prompt_blocks import PromptBlocks
 from orchestrator.messages import EngineRequest
 from orchestrator.pools import ReplicaView
 
@@ -54,9 +55,11 @@ class Scheduler(Protocol):
         request: EngineRequest,
         prefill_replicas: Sequence[ReplicaView] | None,
         decode_replicas: Sequence[ReplicaView],
+        blocks: PromptBlocks | None = None,
     ) -> RouteDecision:
         """Choose where `request` runs. `prefill_replicas` is None when the
-        application has no prefill pool (aggregated serving)."""
+        application has no prefill pool (aggregated serving). `blocks`: the
+        prompt's blocks as the shape router already computed them, if it did."""
         ...
 
     def on_prefill_done(self, request_id: str) -> None:

@@ -18,8 +18,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from orchestrator.config import RoutingConfig
-from orchestrator.kv.hashing import block_hashes, prefix_root
 from orchestrator.kv.index import KVIndex
+from orchestrator.kv.prompt_blocks import PromptBlocks
 from orchestrator.messages import EngineRequest
 from orchestrator.pools import ReplicaView
 from orchestrator.routing.base import RouteDecision, RouteKind, RouteReason
@@ -52,10 +52,12 @@ class KvAwareScheduler:
         request: EngineRequest,
         prefill_replicas: Sequence[ReplicaView] | None,
         decode_replicas: Sequence[ReplicaView],
+        blocks: PromptBlocks | None = None,
     ) -> RouteDecision:
         self.memory.expire()
-        hashes = block_hashes(request.prompt_token_ids, self.block_size, prefix_root(request.cache_salt))
-        overlaps = self.index.overlaps(hashes)
+        if blocks is None or blocks.block_size != self.block_size:
+            blocks = PromptBlocks.of(request, self.block_size, self.index)
+        hashes, overlaps = blocks.hashes, blocks.overlaps
         decode = self._cheapest(decode_replicas, hashes, overlaps)
         decision = self._decide(request, hashes, overlaps, decode, prefill_replicas)
         self._account(request, hashes, decision)

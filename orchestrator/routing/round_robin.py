@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from orchestrator.kv.prompt_blocks import PromptBlocks
 from orchestrator.messages import EngineRequest
 from orchestrator.pools import ReplicaView
 from orchestrator.routing.base import RouteDecision, RouteKind, RouteReason
@@ -36,6 +37,7 @@ class RoundRobinScheduler:
         request: EngineRequest,
         prefill_replicas: Sequence[ReplicaView] | None,
         decode_replicas: Sequence[ReplicaView],
+        blocks: PromptBlocks | None = None,
     ) -> RouteDecision:
         decode = self._decode.pick(decode_replicas)
         if prefill_replicas is None:

@@ -38,8 +38,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from orchestrator.config import PRIMARY_GROUP, ShapePolicy, ShapeRoutingConfig
-from orchestrator.kv.hashing import block_hashes, prefix_root
 from orchestrator.kv.index import KVIndex
+from orchestrator.kv.prompt_blocks import PromptBlocks
 from orchestrator.messages import EngineRequest
 from orchestrator.routing.load import InflightLoad
 
@@ -59,6 +59,7 @@ class ShapeDecision:
     prompt_blocks: int
     reused_blocks: int  # longest cached prefix anywhere, in blocks
     max_tokens: int
+    blocks: PromptBlocks | None = None  # handed on to the group's scheduler, which would compute the same
 
     @property
     def reuse(self) -> float:
@@ -79,16 +80,15 @@ class ShapeRouter:
         self.groups = tuple(groups)
         self._turn = itertools.cycle(self.groups)
 
-    def classify(
-        self, prompt_token_ids: Sequence[int], max_tokens: int, cache_salt: str | None = None
-    ) -> ShapeDecision:
+    def route(self, request: EngineRequest) -> ShapeDecision:
         """The request's shape and the group its policy names (no state changed
         except the round-robin turn)."""
-        hashes = block_hashes(prompt_token_ids, self.block_size, prefix_root(cache_salt))
-        overlaps = self.index.overlaps(hashes) if hashes else {}
-        reused = max(overlaps.values(), default=0)
+        blocks = PromptBlocks.of(request, self.block_size, self.index)
+        hashes = blocks.hashes
+        reused = max(blocks.overlaps.values(), default=0)
+        max_tokens = request.sampling.max_tokens
         c = self.config
-        n = len(prompt_token_ids)
+        n = len(request.prompt_token_ids)
         if n < c.min_prompt_tokens:
             shape = ShapeClass.SHORT_PROMPT
         elif c.max_output_tokens is not None and max_tokens > c.max_output_tokens:
@@ -108,10 +108,8 @@ class ShapeRouter:
             prompt_blocks=len(hashes),
             reused_blocks=reused,
             max_tokens=max_tokens,
+            blocks=blocks,
         )
-
-    def route(self, request: EngineRequest) -> ShapeDecision:
-        return self.classify(request.prompt_token_ids, request.sampling.max_tokens, request.cache_salt)
 
 
 class CombinedLoad:

@@ -788,7 +788,7 @@ class RendezvousPools:
             def replicas(self):
                 return [ReplicaView(r, _info(EngineRole.PREFILL, host=f"host-{r}")) for r in pools.prefill_ids]
 
-            async def prefill(self, request: EngineRequest) -> PrefillResult:
+            async def prefill(self, request: EngineRequest, view=None) -> PrefillResult:
                 pools.prefills.append(request)
                 assert request.kv_transfer is not None, "an SGLang prefill needs the rendezvous"
                 if request.target_replica in pools.stalled_prefills:
@@ -799,7 +799,7 @@ class RendezvousPools:
                 pools._room(request).set()
                 return PrefillResult(request.kv_transfer, len(request.prompt_token_ids), 0, request.target_replica)
 
-            def generate(self, request):
+            def generate(self, request, view=None):
                 raise AssertionError("prefill replicas do not decode")
 
         return Prefill()
@@ -813,10 +813,10 @@ class RendezvousPools:
             def replicas(self):
                 return [ReplicaView(r, _info(EngineRole.DECODE)) for r in pools.decode_ids]
 
-            async def prefill(self, request):
+            async def prefill(self, request, view=None):
                 raise AssertionError
 
-            async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
+            async def generate(self, request: EngineRequest, view=None) -> AsyncIterator[EngineChunk]:
                 pools.decodes.append(request)
                 try:
                     if request.kv_transfer is None:
@@ -847,7 +847,7 @@ class FixedScheduler:
     def __init__(self, route: RouteDecision) -> None:
         self.route = route
 
-    def route_request(self, request, prefill_replicas, decode_replicas):
+    def route_request(self, request, prefill_replicas, decode_replicas, blocks=None):
         if prefill_replicas is None:  # a migration's continuation
             return RouteDecision(RouteKind.LOCAL_PREFILL, decode_replicas[0].replica_id)
         return self.route

@@ -12,12 +12,13 @@ from orchestrator.api.service import CompletionService, ModelCard
 from orchestrator.config import PRIMARY_GROUP, RoutingConfig, ShapePolicy, ShapeRoutingConfig
 from orchestrator.kv.hashing import block_hashes
 from orchestrator.kv.index import KVIndex
+from orchestrator.messages import EngineRequest, SamplingSpec
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.prompts import PromptRenderer
 from orchestrator.request_path import RequestPath
 from orchestrator.routing.kv_scheduler import KvAwareScheduler
 from orchestrator.routing.load import InflightLoad
-from orchestrator.routing.shape import CombinedLoad, ShapeClass, ShapeRouter
+from orchestrator.routing.shape import CombinedLoad, ShapeClass, ShapeDecision, ShapeRouter
 from tests.factories import MODEL, FakePool, WordTokenizer, run
 
 BS = 4
@@ -30,6 +31,10 @@ def _router(config: ShapeRoutingConfig = SHAPE, index: KVIndex | None = None) ->
     return ShapeRouter(config, BS, index if index is not None else KVIndex(), GROUPS)
 
 
+def _classify(router: ShapeRouter, prompt, max_tokens: int) -> ShapeDecision:
+    return router.route(EngineRequest("r", tuple(prompt), SamplingSpec(max_tokens=max_tokens)))
+
+
 def _index_holding(replica: str, tokens) -> KVIndex:
     index = KVIndex()
     index.store_hashes(replica, block_hashes(tokens, BS))
@@ -37,7 +42,7 @@ def _index_holding(replica: str, tokens) -> KVIndex:
 
 
 def test_nothing_cached_is_unique_and_goes_to_the_unique_group():
-    d = _router().classify(PREFIX + (1, 2, 3, 4), max_tokens=16)
+    d = _classify(_router(), PREFIX + (1, 2, 3, 4), 16)
     assert (d.group, d.shape) == (PRIMARY_GROUP, ShapeClass.UNIQUE)
     assert (d.prompt_tokens, d.prompt_blocks, d.reused_blocks, d.reuse) == (36, 9, 0, 0.0)
 
@@ -47,7 +52,7 @@ def test_a_cached_prefix_makes_the_request_prefix_heavy_wherever_it_is_cached():
     group holds sends the request to the prefix group."""
     for holder in ("primary-decode-0", "sim-decode-0"):
         router = _router(index=_index_holding(holder, PREFIX))
-        d = router.classify(PREFIX + (7, 7, 7, 7, 8, 8, 8, 8), max_tokens=16)
+        d = _classify(router, PREFIX + (7, 7, 7, 7, 8, 8, 8, 8), 16)
         assert (d.group, d.shape) == ("sim", ShapeClass.PREFIX_HEAVY)
         assert (d.prompt_blocks, d.reused_blocks) == (10, 8) and d.reuse == pytest.approx(0.8)
 
@@ -56,20 +61,20 @@ def test_the_longest_prefix_over_replicas_counts_not_the_sum():
     index = KVIndex()
     index.store_hashes("a", block_hashes(PREFIX[:12], BS))  # 3 blocks
     index.store_hashes("b", block_hashes(PREFIX[:16], BS))  # 4 blocks
-    d = _router(index=index).classify(PREFIX, max_tokens=1)
+    d = _classify(_router(index=index), PREFIX, 1)
     assert d.reused_blocks == 4 and d.reuse == 0.5 and d.shape is ShapeClass.PREFIX_HEAVY  # 0.5 >= 0.5
 
 
 def test_reuse_below_the_threshold_is_unique():
     index = _index_holding("a", PREFIX[:12])  # 3 of 8 blocks
-    d = _router(index=index).classify(PREFIX, max_tokens=1)
+    d = _classify(_router(index=index), PREFIX, 1)
     assert d.reuse == pytest.approx(3 / 8) and (d.group, d.shape) == (PRIMARY_GROUP, ShapeClass.UNIQUE)
 
 
 def test_a_block_that_differs_early_breaks_the_prefix():
     """Only a leading run counts: the same blocks after a different first block are not reuse."""
     index = _index_holding("a", PREFIX)
-    d = _router(index=index).classify((1, 1, 1, 1) + PREFIX[4:], max_tokens=1)
+    d = _classify(_router(index=index), (1, 1, 1, 1) + PREFIX[4:], 1)
     assert d.reused_blocks == 0 and d.shape is ShapeClass.UNIQUE
 
 
@@ -77,22 +82,22 @@ def test_short_prompts_and_long_outputs_stay_on_the_unique_group():
     config = SHAPE.model_copy(update={"min_prompt_tokens": 20, "max_output_tokens": 64})
     index = _index_holding("a", PREFIX)
     router = _router(config, index)
-    short = router.classify(PREFIX[:16], max_tokens=1)  # fully cached, but 16 < 20 tokens
+    short = _classify(router, PREFIX[:16], 1)  # fully cached, but 16 < 20 tokens
     assert (short.group, short.shape) == (PRIMARY_GROUP, ShapeClass.SHORT_PROMPT)
-    long_out = router.classify(PREFIX, max_tokens=65)
+    long_out = _classify(router, PREFIX, 65)
     assert (long_out.group, long_out.shape) == (PRIMARY_GROUP, ShapeClass.LONG_OUTPUT)
-    assert router.classify(PREFIX, max_tokens=64).shape is ShapeClass.PREFIX_HEAVY
+    assert _classify(router, PREFIX, 64).shape is ShapeClass.PREFIX_HEAVY
 
 
 def test_a_prompt_under_one_block_has_no_reuse():
-    d = _router(index=_index_holding("a", PREFIX)).classify(PREFIX[:3], max_tokens=1)
+    d = _classify(_router(index=_index_holding("a", PREFIX)), PREFIX[:3], 1)
     assert (d.prompt_blocks, d.reuse, d.shape) == (0, 0.0, ShapeClass.UNIQUE)
 
 
 def test_round_robin_alternates_groups_and_still_measures_shape():
     config = SHAPE.model_copy(update={"policy": ShapePolicy.ROUND_ROBIN})
     router = _router(config, _index_holding("a", PREFIX))
-    decisions = [router.classify(PREFIX, max_tokens=1) for _ in range(4)]
+    decisions = [_classify(router, PREFIX, 1) for _ in range(4)]
     assert [d.group for d in decisions] == [PRIMARY_GROUP, "sim", PRIMARY_GROUP, "sim"]
     assert {d.shape for d in decisions} == {ShapeClass.PREFIX_HEAVY}
 
