@@ -11,7 +11,17 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, PositiveFloat, PositiveInt, Tag, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    Tag,
+    model_validator,
+)
 
 # vLLM's CPU attention backend only accepts block sizes that are multiples of 32.
 CPU_BLOCK_SIZE_MULTIPLE = 32
@@ -418,6 +428,14 @@ class RoutingConfig(_Strict):
     temperature: float = Field(
         default=0.0, ge=0, description="0: lowest cost wins. >0: sample replicas by softmax over normalised costs."
     )
+    balance_abs_threshold: NonNegativeInt | None = Field(
+        default=None,
+        description="SGLang's cache-aware guard: when the decode replicas' request counts (running + waiting, "
+        "the larger of the engine's report and this frontend's own count) differ by more than this, and the "
+        "busiest has more than `balance_rel_threshold` times the idlest's, a request goes to the least busy "
+        "replicas (cost still breaks the tie) instead of following its cache. None: no guard.",
+    )
+    balance_rel_threshold: float = Field(default=1.5, ge=1.0)
     local_prefill_max_tokens: int = Field(
         default=512,
         ge=0,

@@ -3,7 +3,9 @@ and decide per request whether to disaggregate.
 
     hashes   = block hashes of the prompt
     overlaps = index.overlaps(hashes)                  # leading blocks per replica
-    decode   = cheapest decode replica                 # overlap credit vs load
+    if the decode replicas' request counts are imbalanced (SGLang's guard):
+        candidates = the least busy decode replicas
+    decode   = cheapest candidate                      # overlap credit vs load
     if no prefill pool               -> aggregated on `decode`
     elif uncached on decode <= T     -> local prefill on `decode`   (conditional disaggregation)
     elif no prefill replica          -> local prefill
@@ -58,7 +60,7 @@ class KvAwareScheduler:
         if blocks is None or blocks.block_size != self.block_size:
             blocks = PromptBlocks.of(request, self.block_size, self.index)
         hashes, overlaps = blocks.hashes, blocks.overlaps
-        decode = self._cheapest(decode_replicas, hashes, overlaps)
+        decode = self._cheapest(self._balanced(decode_replicas), hashes, overlaps)
         decision = self._decide(request, hashes, overlaps, decode, prefill_replicas)
         self._account(request, hashes, decision)
         return decision
@@ -103,6 +105,25 @@ class KvAwareScheduler:
         return least * self.block_size > limit
 
     # -- costs -------------------------------------------------------------------
+
+    def requests(self, view: ReplicaView) -> int:
+        """Requests on the replica: what its engine last reported running and waiting, or what this
+        frontend has sent it and not seen finish, whichever is larger."""
+        own = self.load.requests(view.replica_id)
+        return max(own, view.stats.num_running + view.stats.num_waiting) if view.stats is not None else own
+
+    def _balanced(self, views: Sequence[ReplicaView]) -> Sequence[ReplicaView]:
+        """SGLang's cache-aware guard: when the busiest replica has more than `balance_abs_threshold`
+        requests more than the idlest and more than `balance_rel_threshold` times as many, only the
+        idlest are candidates; else all are."""
+        limit = self.config.balance_abs_threshold
+        if limit is None or len(views) < 2:
+            return views
+        counts = [self.requests(v) for v in views]
+        lo, hi = min(counts), max(counts)
+        if hi - lo > limit and hi > self.config.balance_rel_threshold * lo:
+            return [v for v, n in zip(views, counts) if n == lo]
+        return views
 
     def decode_load(self, view: ReplicaView) -> float:
         """Blocks of decode work on the replica: what this frontend sent it, or

@@ -106,5 +106,9 @@ class InflightLoad:
                 hi = mid
         return len(hashes) - lo + 1
 
+    def requests(self, replica: str) -> int:
+        """Requests this scheduler has routed to decode on the replica and not yet seen finish."""
+        return self._decoding.get(replica, 0)
+
     def in_flight(self) -> int:
         return len(self._requests)

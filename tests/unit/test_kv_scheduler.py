@@ -230,3 +230,36 @@ def test_decode_load_counts_a_shared_prefix_once():
     assert load.decode_blocks("d0") == 5 + 1
     load.finished("b")
     assert load.decode_blocks("d0") == 0 and load.added_decode_blocks("d0", prefix) == 5
+
+
+# -- SGLang's balance guard ---------------------------------------------------------------
+
+
+def test_a_burst_on_one_prefix_stays_with_its_cache_until_the_guard_spreads_it():
+    """Requests sharing a 32-block prefix held by "a" pile onto "a" (their decode load there is the shared
+    blocks, counted once); with the guard, once "a" runs more than 2 requests more than the idlest, the
+    next goes to an idle replica, and a request that finishes on "a" lets the cache win again."""
+    shared = prompt(32 * BS, seed=3)
+    for guard, expected in ((None, ["a"] * 7), (2, ["a", "a", "a", "b", "a", "b", "a"])):
+        sched = scheduler(balance_abs_threshold=guard)
+        hold(sched, "a", shared)
+        pools = views("a", "b")
+        routes = []
+        for i in range(7):
+            if i == 6:  # 4 vs 2 -> 3 vs 2 requests: balanced again
+                sched.on_request_finished("r0")
+            routes.append(sched.route_request(request(shared + (i,), f"r{i}"), None, pools).decode_replica)
+        assert routes == expected, guard
+
+
+def test_the_guard_reads_the_engines_reported_queue_and_the_relative_threshold():
+    shared = prompt(8 * BS, seed=4)
+    busy = {"a": EngineStats(num_running=5, num_waiting=2), "b": EngineStats(num_running=4)}
+    info = EngineInfo(EngineRole.DECODE, "vllm", "x", "e", "m", BS, 4096, "h")
+    pools = [ReplicaView(r, info=info, stats=busy[r]) for r in ("a", "b")]
+    sched = scheduler(balance_abs_threshold=2)
+    hold(sched, "a", shared)
+    assert sched.route_request(request(shared, "x1"), None, pools).decode_replica == "b"  # 7 vs 4: spread
+    relaxed = scheduler(balance_abs_threshold=2, balance_rel_threshold=2.0)
+    hold(relaxed, "a", shared)
+    assert relaxed.route_request(request(shared, "x2"), None, pools).decode_replica == "a"  # 7 < 2 * 4: cache
