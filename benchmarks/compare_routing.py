@@ -62,8 +62,8 @@ SYSTEMS = [
 ]
 
 
-# Peers' processes not among process_cpu's serving markers: SGLang's router.
-PEER_MARKERS: process_cpu.Markers = (("sglang_router", "router"),)
+# Peers' processes not among process_cpu's serving markers: SGLang's router (it renames itself "sglang::router").
+PEER_MARKERS: process_cpu.Markers = (("sglang::router", "router"), ("sglang_router", "router"))
 
 OURS_ROUTING: dict = {}  # --ours-routing overrides for experiments
 
