@@ -92,6 +92,10 @@ class ThinkSplitter:
         REASONING: held + piece holds the end tag -> reasoning before it, CONTENT after;
                    else reasoning, less a suffix that may begin the end tag (held)
         CONTENT:   the piece is content
+
+    A stream reads the start tag only at the output's beginning, where the
+    documented formats write it; a whole answer drops text before a start tag
+    anywhere, as vLLM's extract_reasoning does.
     """
 
     def __init__(self, start: str, end: str) -> None:
