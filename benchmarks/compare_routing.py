@@ -274,17 +274,18 @@ def _summary(rounds: list[dict]) -> dict:
 def markdown(doc: dict) -> str:
     """A table per workload: a row per system."""
     return "\n".join(
-        f"#### {name}\n\n" + _table(w["results"]) + "\n\n" + _cpu_table(w["results"])
-        for name, w in doc["workloads"].items()
+        f"#### {name}\n\n" + _table(w["results"]) + _cpu_table(w["results"]) for name, w in doc["workloads"].items()
     )
 
 
 def _cpu_table(results: dict) -> str:
-    """CPU ms per output token by process kind, a row per system."""
+    """CPU ms per output token by process kind, a row per system ("" for runs that did not record it)."""
     ok = {name: r["cpu_ms_per_output_token"] for name, r in results.items() if r.get("cpu_ms_per_output_token")}
+    if not ok:
+        return ""
     kinds = sorted({k for cpu in ok.values() for k in cpu})
     rows = [[name, *(f"{cpu.get(k, 0):.3f}" for k in kinds), f"{sum(cpu.values()):.3f}"] for name, cpu in ok.items()]
-    return report.table(["system (CPU ms / output token)", *kinds, "all"], rows)
+    return "\n\n" + report.table(["system (CPU ms / output token)", *kinds, "all"], rows)
 
 
 def _table(results: dict) -> str:
