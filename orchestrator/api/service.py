@@ -70,10 +70,6 @@ class CompletionService:
         )
         self.fan_out = ChoiceFanOut(path, metrics, clock, group_paths, shape_router)
 
-    @property
-    def path(self) -> RequestPath:
-        return self.fan_out.path
-
     async def handle(self, endpoint: Endpoint, raw_body: bytes) -> dict[str, Any] | AsyncIterator[str]:
         """A whole response body, or (for `stream: true`) an iterator of SSE events.
         Raises APIError for anything the client must fix, and 429 when the

@@ -59,7 +59,7 @@ class ShapeDecision:
     prompt_blocks: int
     reused_blocks: int  # longest cached prefix anywhere, in blocks
     max_tokens: int
-    blocks: PromptBlocks | None = None  # handed on to the group's scheduler, which would compute the same
+    blocks: PromptBlocks  # handed on to the group's scheduler, which would compute the same
 
     @property
     def reuse(self) -> float:
