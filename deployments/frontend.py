@@ -11,6 +11,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from deployments.pool_client import ServePoolClient
+from deployments.process_priority import set_niceness
 from orchestrator.api.app import AppHooks, Health, build_openai_app
 from orchestrator.config import PRIMARY_GROUP, AppConfig, DataPlane
 from orchestrator.frontend import PoolGroup, build_frontend
@@ -38,6 +39,7 @@ class Frontend:
         """`pool_groups`: further groups' handles, group name -> [decode, prefill or None]."""
         app = AppConfig.model_validate(config)
         self.config = app
+        set_niceness(app.serving_niceness)
         handles = {PRIMARY_GROUP: (decode_pool, prefill_pool)}
         handles.update({name: (pair[0], pair[1]) for name, pair in (pool_groups or {}).items()})
         # One data-plane connection per replica, shared by every pool and request.

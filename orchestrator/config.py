@@ -626,6 +626,17 @@ class AppConfig(_Strict):
     planner: PlannerConfig = PlannerConfig()
     network: NetworkConfig = NetworkConfig()
     cluster: ClusterConfig | None = Field(default=None, description="None: layouts are not checked.")
+    serving_niceness: int | None = Field(
+        default=0,
+        ge=-20,
+        le=19,
+        description="The nice value the frontend and pool replicas run at, and with them the engine "
+        "processes they start. Ray starts its workers at 15 (its `worker_niceness`), so that under CPU "
+        "contention they yield to every process at 0: HAProxy, Ray's own daemons, a load generator, "
+        "other tenants. 0 is what vLLM's own server runs at. Lowering a nice value needs CAP_SYS_NICE "
+        "(root on a host; not among Docker's default capabilities): a replica that may not logs a "
+        "warning and runs at Ray's value (then start Ray with RAY_worker_niceness=0). None: Ray's.",
+    )
 
     @property
     def mode(self) -> ServingMode:

@@ -36,6 +36,12 @@ _ENGINE_COUNTERS = (
         "Prompt tokens whose KV arrived by transfer.",
     ),
     ("generation_tokens_total", "engine_generation_tokens", "Tokens the engine generated."),
+    (
+        "decode_seconds_total",
+        "engine_decode_seconds",
+        "Engine-side decode time of finished requests (first to last output token).",
+    ),
+    ("decode_tokens_total", "engine_decode_tokens", "Output tokens after each finished request's first."),
     ("kv_transfers_total", "kv_transfers", "Completed KV transfers into this replica."),
     ("kv_transfer_failures_total", "kv_transfer_failures", "Failed KV transfers or handshakes."),
     ("kv_transfer_bytes_total", "kv_transfer_bytes", "Bytes of KV read from prefill replicas."),

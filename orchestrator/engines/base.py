@@ -127,6 +127,12 @@ class EngineStats:
     prompt_tokens_transferred_total: int = 0
     generation_tokens_total: int = 0
     requests_finished_total: int = 0
+    # Engine-side decode of finished requests: seconds from the first output
+    # token to the last, and the tokens after the first, as the engine core
+    # timed them (before any hop to the client). Their ratio is the engine's
+    # own time per output token. 0 from engines that do not report it.
+    decode_seconds_total: float = 0.0
+    decode_tokens_total: int = 0
     kv_transfers_total: int = 0
     kv_transfer_failures_total: int = 0
     kv_transfer_bytes_total: int = 0

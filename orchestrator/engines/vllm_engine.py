@@ -201,6 +201,9 @@ class _StatsSink:
             v["prompt_tokens_transferred_total"] += prompt.external_kv_transfer
             v["generation_tokens_total"] += iteration_stats.num_generation_tokens
             v["requests_finished_total"] += len(iteration_stats.finished_requests)
+            for finished in iteration_stats.finished_requests:
+                v["decode_seconds_total"] += finished.decode_time
+                v["decode_tokens_total"] += max(finished.num_generation_tokens - 1, 0)
 
     def snapshot(self) -> EngineStats:
         return EngineStats.from_dict(self.values)

