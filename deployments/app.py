@@ -10,7 +10,7 @@ from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouter
 from deployments.engine_replica import DRAIN_TIMEOUT_S, EngineReplica
 from deployments.frontend import Frontend
 from orchestrator.config import AppConfig, PlannerMode, PoolConfig, ServingMode
-from orchestrator.engines import check_engine_config, check_output_parsers, engine_adapter, process_env
+from orchestrator.engines import check_app, engine_adapter, process_env
 from orchestrator.engines.base import EngineRole
 from orchestrator.placement import STRICT_PACK
 
@@ -126,9 +126,7 @@ def build_app(config: AppConfig) -> Application:
     """The whole graph: frontend -> decode pool (+ prefill pool when disaggregated),
     and the same for every further pool group. Builds without starting
     anything, so a config can be checked offline."""
-    for pool in config.all_pools().values():
-        check_engine_config(pool)
-    check_output_parsers(config)
+    check_app(config)
     args = config.model_dump(mode="json")
     disaggregated = config.mode is ServingMode.DISAGGREGATED
     decode_role = EngineRole.DECODE if disaggregated else EngineRole.AGGREGATED

@@ -111,28 +111,14 @@ class VllmEngineConfig(_Strict):
     cpu: CpuEngineSettings = CpuEngineSettings()
     engine_args: dict[str, Any] = Field(
         default_factory=dict,
-        description="Further vLLM AsyncEngineArgs, checked against vLLM's own field names at build time.",
+        description="Further vLLM AsyncEngineArgs, checked at build time against vLLM's own field names "
+        "and the ones the adapter sets from model, kv_cache and pool settings (which they may not name).",
     )
 
     @model_validator(mode="after")
     def _check(self) -> VllmEngineConfig:
         if self.tensor_parallel_size > 1 and self.device is not Device.CUDA:
             raise ValueError("tensor_parallel_size > 1 needs device cuda (vLLM's CPU build runs one rank here)")
-        reserved = {
-            "model",
-            "tokenizer",
-            "dtype",
-            "max_model_len",
-            "block_size",
-            "kv_transfer_config",
-            "kv_events_config",
-            "enable_prefix_caching",
-            "served_model_name",
-            "seed",
-        }
-        clash = sorted(reserved & set(self.engine_args))
-        if clash:
-            raise ValueError(f"engine_args may not set {clash}: they come from model/kv_cache/pool settings")
         return self
 
 
@@ -184,43 +170,13 @@ class SglangEngineConfig(_Strict):
     ib_device: str | None = Field(default=None, description="RDMA device(s) for the mooncake backend, e.g. mlx5_0.")
     server_args: dict[str, Any] = Field(
         default_factory=dict,
-        description="Further SGLang ServerArgs, checked against SGLang's own field names at build time.",
+        description="Further SGLang ServerArgs, checked at build time against SGLang's own field names "
+        "and the ones the adapter sets from model, kv_cache and pool settings (which they may not name).",
     )
 
     @property
     def device(self) -> Device:
         return Device.CUDA
-
-    @model_validator(mode="after")
-    def _check(self) -> SglangEngineConfig:
-        reserved = {
-            "model_path",
-            "tokenizer_path",
-            "dtype",
-            "context_length",
-            "page_size",
-            "tp_size",
-            "disaggregation_mode",
-            "disaggregation_transfer_backend",
-            "disaggregation_bootstrap_port",
-            "kv_events_config",
-            "served_model_name",
-            "random_seed",
-            "disable_radix_cache",
-            # set by the adapter or by fields of this model
-            "host",
-            "port",
-            "disaggregation_ib_device",
-            "mem_fraction_static",
-            "max_running_requests",
-            "chunked_prefill_size",
-            # the adapter needs SGLang's detokenized text
-            "skip_tokenizer_init",
-        }
-        clash = sorted(reserved & set(self.server_args))
-        if clash:
-            raise ValueError(f"server_args may not set {clash}: they come from model/kv_cache/pool settings")
-        return self
 
 
 def _engine_kind(value: Any) -> str:
@@ -695,11 +651,6 @@ class AppConfig(_Strict):
         if self.planner.mode is not PlannerMode.OFF:
             if self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None:
                 raise ValueError("planner.mode needs both sla.ttft_p99_ms and sla.itl_p50_ms")
-            engine = self.decode_pool.engine
-            if self.planner.profile is None and _adapter(engine).planner_inputs(engine).own_performance is None:
-                raise ValueError(
-                    f"planner.profile is required for {engine.kind} pools (make one with `orchestrator profile`)"
-                )
             if self.pool_groups:
                 raise ValueError(
                     "the SLA planner sizes the primary pools only: planner.mode must be off when "
@@ -712,8 +663,6 @@ class AppConfig(_Strict):
                     f"kv_cache.block_size={self.kv_cache.block_size}: {name} runs on CPU, "
                     f"where vLLM needs a multiple of {CPU_BLOCK_SIZE_MULTIPLE}"
                 )
-        for group, pools in self.group_pools().items():
-            _check_kv_handoff(group, pools)
         if self.cluster is not None:
             from orchestrator.placement import check_layout
 
@@ -750,30 +699,6 @@ class AppConfig(_Strict):
                 most = (self.planner.prefill if name == "prefill_pool" else self.planner.decode).max_replicas
             demand[name] = (pool.num_gpus, most)
         return demand
-
-
-def _adapter(engine: Any) -> Any:
-    """The `EngineAdapter` of an engine settings model's kind. Imported here,
-    not at module level: the registry imports this module."""
-    from orchestrator.engines import engine_adapter
-
-    return engine_adapter(engine.kind)
-
-
-def _check_kv_handoff(group: str, pools: dict[str, PoolConfig]) -> None:
-    """The pools of one group must hand KV over the same way
-    (`EngineAdapter.kv_handoff`): e.g. an SGLang pool pairs by a bootstrap
-    rendezvous, which only SGLang engines speak."""
-    handoffs = {name: _adapter(pool.engine).kv_handoff for name, pool in pools.items()}
-    if len(set(handoffs.values())) > 1:
-        where = "" if group == PRIMARY_GROUP else f"pool_groups[{group}]: "
-        sides = ", ".join(
-            f"{name} is kind {pools[name].engine.kind} ({handoff.value})" for name, handoff in handoffs.items()
-        )
-        raise ValueError(
-            f"{where}prefill and decode pools hand KV over differently ({sides}): a pool hands KV "
-            "over only to or from a pool of the same handoff (an SGLang pool: another SGLang pool)"
-        )
 
 
 def load_serve_config(path: str | Path) -> dict[str, Any]:

@@ -109,6 +109,11 @@ class FrontendMetrics:
         self.route_decisions = Counter(
             f"{PREFIX}_route_decisions", "Routing decisions by kind and reason.", ["kind", "reason"], registry=r
         )
+        self.balance_guard_routes = Counter(
+            f"{PREFIX}_balance_guard_routes",
+            "Requests the balance guard (routing.balance_abs_threshold) sent to an idlest decode replica.",
+            registry=r,
+        )
         self.shape_decisions = Counter(
             f"{PREFIX}_shape_route_decisions",
             "Requests per pool group and measured shape class (routing.shape).",

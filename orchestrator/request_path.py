@@ -168,6 +168,8 @@ class RequestPath:
         self.metrics.hop_seconds.labels("route").observe(decided)
         trace.route = route
         self.metrics.route_decisions.labels(route.kind.value, route.reason.value if route.reason else "").inc()
+        if route.balanced:
+            self.metrics.balance_guard_routes.inc()
         try:
             kv = None
             concurrent_with = None

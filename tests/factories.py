@@ -224,6 +224,7 @@ def make_frontend(
     reasoning_parser: str | None = None,
     engine_kind: str = "sim",
     tokenizer: Tokenizer | None = None,
+    routing: dict[str, Any] | None = None,
 ) -> Frontend:
     decode = decode or FakePool("decode_pool")
     prefill = (prefill or FakePool("prefill_pool")) if disaggregated else None
@@ -239,7 +240,7 @@ def make_frontend(
             },
             "decode_pool": engine,
             **({"prefill_pool": engine} if prefill else {}),
-            "routing": {"policy": "round_robin"},
+            "routing": routing or {"policy": "round_robin"},
             "frontend": {
                 "prefill_timeout_s": prefill_timeout_s,
                 "limits": limits.model_dump(),

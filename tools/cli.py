@@ -20,8 +20,10 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 def _check_config(args: argparse.Namespace) -> int:
     from orchestrator.config import load_app_config
+    from orchestrator.engines import check_app
 
     config = load_app_config(args.config)
+    check_app(config)
     print(json.dumps(config.model_dump(mode="json"), indent=2))
     return 0
 

@@ -11,7 +11,7 @@ import importlib
 from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.config import AppConfig, PoolConfig
+from orchestrator.config import PRIMARY_GROUP, AppConfig, PlannerMode, PoolConfig
 from orchestrator.engines.adapter import EngineAdapter, EngineParsers, EngineSpec, publishes_kv_events
 from orchestrator.engines.base import Engine, EngineRole
 from orchestrator.kv.events import KVEventBatch
@@ -25,6 +25,7 @@ __all__ = [
     "ADAPTER_MODULES",
     "EngineAdapter",
     "EngineSpec",
+    "check_app",
     "check_engine_config",
     "check_output_parsers",
     "create_engine",
@@ -71,6 +72,40 @@ def process_env(app: AppConfig, pool: PoolConfig) -> dict[str, str]:
 def check_engine_config(pool: PoolConfig) -> None:
     """Engine-specific validation of the pool's engine settings at build time."""
     engine_adapter(pool.engine.kind).check_config(pool.engine)
+
+
+def check_app(app: AppConfig) -> None:
+    """The build-time checks that need the engines' adapters (`orchestrator.config` validates
+    without them): each pool's engine settings, that each group's pools hand KV over the same
+    way, that an acting planner has the performance figures it sizes with, and the output
+    formats the model names. ValueError naming the field."""
+    for pool in app.all_pools().values():
+        check_engine_config(pool)
+    for group, pools in app.group_pools().items():
+        _check_kv_handoff(group, pools)
+    if app.planner.mode is not PlannerMode.OFF:
+        engine = app.decode_pool.engine
+        if app.planner.profile is None and engine_adapter(engine.kind).planner_inputs(engine).own_performance is None:
+            raise ValueError(
+                f"planner.profile is required for {engine.kind} pools (make one with `orchestrator profile`)"
+            )
+    check_output_parsers(app)
+
+
+def _check_kv_handoff(group: str, pools: dict[str, PoolConfig]) -> None:
+    """The pools of one group must hand KV over the same way
+    (`EngineAdapter.kv_handoff`): e.g. an SGLang pool pairs by a bootstrap
+    rendezvous, which only SGLang engines speak."""
+    handoffs = {name: engine_adapter(pool.engine.kind).kv_handoff for name, pool in pools.items()}
+    if len(set(handoffs.values())) > 1:
+        where = "" if group == PRIMARY_GROUP else f"pool_groups[{group}]: "
+        sides = ", ".join(
+            f"{name} is kind {pools[name].engine.kind} ({handoff.value})" for name, handoff in handoffs.items()
+        )
+        raise ValueError(
+            f"{where}prefill and decode pools hand KV over differently ({sides}): a pool hands KV "
+            "over only to or from a pool of the same handoff (an SGLang pool: another SGLang pool)"
+        )
 
 
 def _engine_parsers(app: AppConfig) -> EngineParsers | None:

@@ -100,10 +100,38 @@ def planner_inputs(engine: VllmEngineConfig) -> PlannerInputs:
     return PlannerInputs(max_num_seqs=engine.max_num_seqs, kv_cache_bytes=cpu_kv_cache_bytes(engine))
 
 
+# AsyncEngineArgs this adapter sets from model, kv_cache and pool settings (`VllmEngine._engine_args`):
+# `engine_args` may not name them (vLLM would take the keyword twice).
+OWNED_ENGINE_ARGS = frozenset(
+    {
+        "model",
+        "tokenizer",
+        "served_model_name",
+        "dtype",
+        "seed",
+        "max_model_len",
+        "block_size",
+        "enable_prefix_caching",
+        "tensor_parallel_size",
+        "gpu_memory_utilization",
+        "enforce_eager",
+        "kv_transfer_config",
+        "kv_events_config",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "kv_cache_memory_bytes",
+        "distributed_executor_backend",
+    }
+)
+
+
 def check_engine_args(engine: VllmEngineConfig) -> None:
-    """Raise ValueError naming any `engine_args` key that vLLM does not have."""
+    """Raise ValueError naming any `engine_args` key this adapter sets itself, or that vLLM does not have."""
     from vllm.engine.arg_utils import AsyncEngineArgs
 
+    owned = sorted(OWNED_ENGINE_ARGS & set(engine.engine_args))
+    if owned:
+        raise ValueError(f"engine_args may not set {owned}: they come from model/kv_cache/pool settings")
     known = {f.name for f in dataclasses.fields(AsyncEngineArgs)}
     unknown = sorted(set(engine.engine_args) - known)
     if unknown:
@@ -241,8 +269,13 @@ class VllmEngine:
     # -- life cycle -----------------------------------------------------------
 
     def _engine_args(self, kv_events: dict[str, Any] | None):
-        from vllm.config import KVEventsConfig, KVTransferConfig
         from vllm.engine.arg_utils import AsyncEngineArgs
+
+        return AsyncEngineArgs(**self._owned_args(kv_events), **self._engine_cfg.engine_args)
+
+    def _owned_args(self, kv_events: dict[str, Any] | None) -> dict[str, Any]:
+        """The AsyncEngineArgs this adapter sets (keys within `OWNED_ENGINE_ARGS`)."""
+        from vllm.config import KVEventsConfig, KVTransferConfig
 
         cfg = self._engine_cfg
         kv_transfer = None
@@ -267,23 +300,23 @@ class VllmEngine:
             # Tensor-parallel workers go into the replica's placement group (deployments/app.py).
             "distributed_executor_backend": "ray" if cfg.tensor_parallel_size > 1 else None,
         }
-        return AsyncEngineArgs(
-            model=self._model.weights_source,
-            tokenizer=self._model.tokenizer_source,
-            served_model_name=[self._model.name],
-            dtype=self._model.dtype,
-            seed=self._model.seed,
-            max_model_len=self._model.max_model_len,
-            block_size=self._kv_cache.block_size,
-            enable_prefix_caching=self._kv_cache.enable_prefix_caching,
-            tensor_parallel_size=cfg.tensor_parallel_size,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            enforce_eager=cfg.enforce_eager,
-            kv_transfer_config=kv_transfer,
-            kv_events_config=KVEventsConfig(**kv_events) if kv_events else None,
+        owned = {
+            "model": self._model.weights_source,
+            "tokenizer": self._model.tokenizer_source,
+            "served_model_name": [self._model.name],
+            "dtype": self._model.dtype,
+            "seed": self._model.seed,
+            "max_model_len": self._model.max_model_len,
+            "block_size": self._kv_cache.block_size,
+            "enable_prefix_caching": self._kv_cache.enable_prefix_caching,
+            "tensor_parallel_size": cfg.tensor_parallel_size,
+            "gpu_memory_utilization": cfg.gpu_memory_utilization,
+            "enforce_eager": cfg.enforce_eager,
+            "kv_transfer_config": kv_transfer,
+            "kv_events_config": KVEventsConfig(**kv_events) if kv_events else None,
             **{k: v for k, v in optional.items() if v is not None},
-            **cfg.engine_args,
-        )
+        }
+        return owned
 
     async def start(self) -> EngineInfo:
         import vllm

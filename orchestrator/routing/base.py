@@ -43,6 +43,8 @@ class RouteDecision:
     # Prompt tokens the scheduler expects the prefilling replica (prefill
     # replica if remote, else decode replica) to find in its prefix cache.
     predicted_cached_tokens: int = 0
+    # The balance guard (routing.balance_abs_threshold) left only the idlest decode replicas as candidates.
+    balanced: bool = False
 
     @property
     def remote_prefill(self) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from orchestrator.config import RoutingConfig
 from orchestrator.kv.index import KVIndex
@@ -60,8 +61,11 @@ class KvAwareScheduler:
         if blocks is None or blocks.block_size != self.block_size:
             blocks = PromptBlocks.of(request, self.block_size, self.index)
         hashes, overlaps = blocks.hashes, blocks.overlaps
-        decode = self._cheapest(self._balanced(decode_replicas), hashes, overlaps)
+        candidates = self._balanced(decode_replicas)
+        decode = self._cheapest(candidates, hashes, overlaps)
         decision = self._decide(request, hashes, overlaps, decode, prefill_replicas)
+        if candidates is not decode_replicas:
+            decision = replace(decision, balanced=True)
         self._account(request, hashes, decision)
         return decision
 
@@ -115,7 +119,7 @@ class KvAwareScheduler:
     def _balanced(self, views: Sequence[ReplicaView]) -> Sequence[ReplicaView]:
         """SGLang's cache-aware guard: when the busiest replica has more than `balance_abs_threshold`
         requests more than the idlest and more than `balance_rel_threshold` times as many, only the
-        idlest are candidates; else all are."""
+        idlest are candidates (a new list); else all are (`views` itself)."""
         limit = self.config.balance_abs_threshold
         if limit is None or len(views) < 2:
             return views

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import re
 
 import pytest
 import yaml
 from pydantic import ValidationError
 
 from orchestrator.config import AppConfig, ServingMode, load_app_config
+from orchestrator.engines import check_app
 
 BASE = {
     "model": {"name": "m", "source": "/models/m", "max_model_len": 1024},
@@ -63,7 +65,6 @@ def test_gpu_pools_ask_for_their_gpus():
         ("decode_pool.engine.kind", "tensorrt", "engine.kind must be 'vllm', 'sim' or 'sglang'"),
         ("frontend.prefill_timeout_s", 0, "frontend.prefill_timeout_s"),
         ("kv_cache.block_size", 16, "block_size=16"),
-        ("decode_pool.engine.engine_args", {"block_size": 64}, "engine_args may not set ['block_size']"),
         ("decode_pool.engine.tensor_parallel_size", 2, "tensor_parallel_size"),
         ("routing.policy", "random", "routing.policy"),
     ],
@@ -195,7 +196,8 @@ def test_the_planner_is_refused_with_pool_groups():
 def test_an_sglang_group_must_be_sglang_on_both_sides():
     cfg = _mixed()
     cfg["pool_groups"][0]["prefill_pool"] = {"engine": {"kind": "sglang"}}
-    assert "pool_groups[sim]" in _error(cfg)
+    with pytest.raises(ValueError, match=re.escape("pool_groups[sim]")):
+        check_app(AppConfig.model_validate(cfg))
 
 
 def test_the_layout_check_counts_every_group():
@@ -217,5 +219,27 @@ def test_an_sglang_pool_pairs_only_with_an_sglang_pool(in_group):
     args = {"model": {"name": "m", "source": "org/m", "max_model_len": 4096}}
     args |= {"decode_pool": gpu, "pool_groups": [{"name": "sg", **mixed}]} if in_group else mixed
     with pytest.raises(ValueError, match="hand KV over differently") as e:
-        AppConfig.model_validate(args)
+        check_app(AppConfig.model_validate(args))
     assert ("pool_groups[sg]" in str(e.value)) is in_group
+
+
+@pytest.mark.parametrize(
+    "path, value, fragment",
+    [
+        # what the adapters set themselves, named again in the pass-through settings
+        ("decode_pool.engine.engine_args", {"block_size": 64}, "engine_args may not set ['block_size']"),
+        ("decode_pool.engine.engine_args", {"enforce_eager": True}, "engine_args may not set ['enforce_eager']"),
+        ("decode_pool.engine.engine_args", {"max_num_seqs": 8}, "engine_args may not set ['max_num_seqs']"),
+        ("decode_pool.engine.engine_args", {"max_num_sequences": 8}, "has no field(s) ['max_num_sequences']"),
+        ("planner", {"mode": "act"}, "planner.profile is required for vllm pools"),
+    ],
+)
+def test_what_needs_the_engine_adapters_fails_when_the_app_is_built(path, value, fragment):
+    """config.py validates without the adapters (test_layering); these fail in `check_app`, which
+    `build_app` and `orchestrator check-config` run."""
+    args = _with(path, value)
+    if path == "planner":
+        args["sla"] = {"ttft_p99_ms": 500, "itl_p50_ms": 30}
+    config = AppConfig.model_validate(args)
+    with pytest.raises(ValueError, match=re.escape(fragment)):
+        check_app(config)

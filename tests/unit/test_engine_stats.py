@@ -4,7 +4,10 @@ iteration stats)."""
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
+
+import pytest
 
 from orchestrator.config import NetworkConfig, VllmEngineConfig
 from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats
@@ -75,3 +78,23 @@ def test_cpu_engines_get_quiet_openmp_settings_and_gpu_engines_none():
 def test_a_nixl_progress_delay_reaches_the_engine_processes():
     env = process_env(VllmEngineConfig(device="cuda"), NetworkConfig(nixl_progress_delay_us=500))
     assert env["ORCHESTRATOR_NIXL_PROGRESS_DELAY_US"] == "500"
+
+
+def test_engine_args_may_not_name_what_the_adapter_sets():
+    """With every optional setting given, the adapter writes exactly `OWNED_ENGINE_ARGS`: the
+    build-time check and the engine's construction cannot drift apart."""
+    from orchestrator.config import KVCacheConfig, ModelConfig
+    from orchestrator.engines.adapter import EngineSpec
+    from orchestrator.engines.vllm_engine import OWNED_ENGINE_ARGS, VllmEngine, check_engine_args
+    from orchestrator.engines.vllm_kv_events import events_config
+
+    engine = VllmEngineConfig(device="cpu", max_num_seqs=8, max_num_batched_tokens=512, tensor_parallel_size=1)
+    model = ModelConfig(name="m", source="/models/m", max_model_len=1024)
+    for role in (EngineRole.PREFILL, EngineRole.AGGREGATED):
+        spec = EngineSpec(model, KVCacheConfig(block_size=32), engine, role, "127.0.0.1", NetworkConfig())
+        owned = set(VllmEngine(spec)._owned_args(events_config(topic="kv")))
+        assert owned == OWNED_ENGINE_ARGS - {"distributed_executor_backend"}  # set for tensor parallel > 1 only
+    check_engine_args(VllmEngineConfig(engine_args={"long_prefill_token_threshold": 256}))
+    for key in sorted(OWNED_ENGINE_ARGS):
+        with pytest.raises(ValueError, match=re.escape(f"engine_args may not set ['{key}']")):
+            check_engine_args(VllmEngineConfig(engine_args={key: 1}))

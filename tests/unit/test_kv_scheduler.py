@@ -244,12 +244,16 @@ def test_a_burst_on_one_prefix_stays_with_its_cache_until_the_guard_spreads_it()
         sched = scheduler(balance_abs_threshold=guard)
         hold(sched, "a", shared)
         pools = views("a", "b")
-        routes = []
+        routes, guarded = [], []
         for i in range(7):
             if i == 6:  # 4 vs 2 -> 3 vs 2 requests: balanced again
                 sched.on_request_finished("r0")
-            routes.append(sched.route_request(request(shared + (i,), f"r{i}"), None, pools).decode_replica)
+            decision = sched.route_request(request(shared + (i,), f"r{i}"), None, pools)
+            routes.append(decision.decode_replica)
+            guarded.append(decision.balanced)
         assert routes == expected, guard
+        # The decisions the guard narrowed say so (the request path counts them).
+        assert guarded == ([False] * 7 if guard is None else [False, False, False, True, False, True, False])
 
 
 def test_the_guard_reads_the_engines_reported_queue_and_the_relative_threshold():
@@ -263,3 +267,24 @@ def test_the_guard_reads_the_engines_reported_queue_and_the_relative_threshold()
     relaxed = scheduler(balance_abs_threshold=2, balance_rel_threshold=2.0)
     hold(relaxed, "a", shared)
     assert relaxed.route_request(request(shared, "x2"), None, pools).decode_replica == "a"  # 7 < 2 * 4: cache
+
+
+def test_the_request_path_counts_each_request_the_guard_spreads():
+    """Through the frontend: three concurrent requests on one prompt, approximate KV routing, a guard
+    that spreads on any imbalance. The first goes where the cost says, the second finds its replica one
+    request busier than the other and is spread (counted), the third finds them even (not counted)."""
+    import asyncio
+
+    from tests.factories import MODEL, FakePool, make_frontend
+
+    routing = {"policy": "kv_aware", "kv_events": False, "balance_abs_threshold": 0, "balance_rel_threshold": 1.0}
+    fe = make_frontend(disaggregated=False, decode=FakePool("decode_pool", chunk_delay_s=0.05), routing=routing)
+    body = {"model": MODEL, "prompt": "the same words " * 20, "max_tokens": 2}
+
+    async def three():
+        async with fe.client() as client:
+            return await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(3)))
+
+    assert all(r.status_code == 200 for r in asyncio.run(three()))
+    assert sorted(r.target_replica for r in fe.decode.generates) == ["r0", "r0", "r1"]
+    assert fe.metric("orchestrator_balance_guard_routes_total") == 1

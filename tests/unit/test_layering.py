@@ -229,3 +229,13 @@ def test_experiments_take_the_repository_paths_from_launch_alone():
     """benchmarks/launch.py is the one place for the repository's paths (ROOT, RESULTS, ...)."""
     owners = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "benchmarks").rglob("*.py")) if _defines_root(p)]
     assert owners == ["benchmarks/launch.py"]
+
+
+def test_the_config_tree_validates_without_the_engine_registry():
+    """The registry and the adapters import orchestrator.config; config.py imports nothing of
+    orchestrator.engines, not even lazily (no circle): what needs an adapter is checked by
+    `orchestrator.engines.check_app` when the application is built."""
+    tree = ast.parse((ROOT / "orchestrator" / "config.py").read_text())
+    modules = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    modules |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in modules if m.startswith("orchestrator.engines")}

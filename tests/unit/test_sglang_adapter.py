@@ -40,25 +40,30 @@ from orchestrator.engines.base import (
     rendezvous_transfer,
 )
 from orchestrator.engines.ports import FIRST_LISTEN_PORT, ephemeral_ports
-from orchestrator.engines.sglang_engine import (
-    RECORDED_SERVER_ARGS_FIELDS,
-    ChunkDecoder,
-    EnginePorts,
-    StatsSink,
-    StreamMode,
-    check_server_args,
-    draw_ports,
-    engine_info,
-    generate_kwargs,
-    parse_finish,
-    parse_output,
-    sampling_params,
-    server_args_fields,
-    server_args_kwargs,
-    stream_mode,
-)
 from orchestrator.engines.sglang_kv_events import MalformedEvents, decode_batch
 from orchestrator.engines.sglang_logprobs import logprob_kwargs
+from orchestrator.engines.sglang_outputs import (
+    ChunkDecoder,
+    StatsSink,
+    StreamMode,
+    engine_info,
+    parse_finish,
+    parse_output,
+    stream_mode,
+)
+from orchestrator.engines.sglang_requests import (
+    generate_kwargs,
+    sampling_params,
+)
+from orchestrator.engines.sglang_server_args import (
+    OWNED_SERVER_ARGS,
+    RECORDED_SERVER_ARGS_FIELDS,
+    EnginePorts,
+    check_server_args,
+    draw_ports,
+    server_args_fields,
+    server_args_kwargs,
+)
 from orchestrator.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from orchestrator.kv.hashing import block_hashes, prefix_root
 from orchestrator.kv.index import KVIndex
@@ -738,8 +743,25 @@ def test_unknown_server_args_fail_the_engine_check():
 
 
 def test_server_args_may_not_override_what_the_adapter_sets():
-    with pytest.raises(ValueError, match="page_size"):
-        _pool(server_args={"page_size": 64})
+    """The keys the adapter writes, for every role with every option set, are the ones `server_args`
+    may not name: the check and the translation cannot drift apart."""
+    written = set().union(*(set(kwargs) - set(ENGINE.server_args) for kwargs in SERVER_ARGS.values()))
+    max_running = server_args_kwargs(
+        EngineSpec(
+            MODEL,
+            KV,
+            SglangEngineConfig(kind="sglang", max_running_requests=8),
+            EngineRole.DECODE,
+            "h",
+            NetworkConfig(),
+        ),
+        EnginePorts(server=1),
+    )
+    written |= set(max_running)
+    assert written | {"skip_tokenizer_init"} == OWNED_SERVER_ARGS
+    for key in ("page_size", "max_running_requests", "skip_tokenizer_init"):
+        with pytest.raises(ValueError, match=rf"server_args may not set \['{key}'\]"):
+            check_engine_config(_pool(server_args={key: 1}))
 
 
 def test_process_env_maps_the_handshake_timeout():
