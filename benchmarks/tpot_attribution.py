@@ -19,9 +19,12 @@ Per row: the client's TTFT and TPOT; the engines' own decode time per output tok
 token of each finished request, as the engine core timed it: vLLM's
 `vllm:request_decode_time_seconds`, our `orchestrator_engine_decode_seconds_total`), summed over the
 run, and the client's figure over the same requests (the sum of e2e − TTFT over the sum of tokens after
-the first); their difference is what the hops after the engine core add. And the CPU each kind of
-process spent, per output token. Our rows must route every request aggregated and never leave the direct
-data plane, and apply KV events only where they say so; a row that does not fails the run.
+the first). The two clocks start at different points (the engine's at its first token, the client's at
+the first text it reads, later by that token's way out), so their difference bounds, rather than
+measures, what the hops after the engine core add per token: hops that slowed every token would show as
+client > engine. And the CPU each kind of process spent, over the run. Our rows must route every
+request aggregated and never leave the direct data plane, and apply KV events only where they say so; a
+row that does not fails the run.
 `--rounds N` runs each system N times, the order rotated each round; a row's figures are the medians.
 Writes benchmarks/results/tpot_attribution.{json,md}.
 
@@ -33,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import os
 import re
 import statistics
@@ -191,7 +195,7 @@ def markdown(doc: dict) -> str:
         f"medians of {doc['rounds']} rounds.",
         "",
         "| system | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | engine decode ms/token | client decode ms/token "
-        "| after the engine ms/token | ok / sent |",
+        "| client − engine ms/token | ok / sent |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for name, r in doc["results"].items():
@@ -217,7 +221,11 @@ def main() -> None:
     p.add_argument("--systems", default=",".join(SYSTEMS))
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--out", default=str(launch.RESULTS / "tpot_attribution.json"))
+    p.add_argument("--markdown", action="store_true", help="only rewrite --out's markdown from its JSON")
     args = p.parse_args()
+    if args.markdown:
+        Path(args.out).with_suffix(".md").write_text(markdown(json.loads(Path(args.out).read_text())))
+        return
     tokenizer = launch.tiny_model()
     pool = TokenPool.words(tokenizer)
     warmups = SyntheticWorkload(LengthDist(200), LengthDist(8), pool, seed=99).requests(8)

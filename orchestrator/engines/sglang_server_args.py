@@ -112,13 +112,11 @@ def process_env(engine: SglangEngineConfig, network: NetworkConfig) -> dict[str,
     return {BOOTSTRAP_TIMEOUT_ENV: timeout, WAITING_TIMEOUT_ENV: timeout}
 
 
-# ServerArgs field names of sglang 0.5.23 (python/sglang/srt/server_args.py and
-# the namespaces of srt/arg_groups/fields/): what `server_args` is checked
-# against where SGLang is not installed. A subset of the real class;
-# tests/unit/test_sglang_adapter.py checks it against the pinned SGLang's.
-RECORDED_SERVER_ARGS_FIELDS = frozenset(
+# ServerArgs this adapter sets from model, kv_cache and pool settings (`server_args_kwargs`), and
+# `skip_tokenizer_init`, which must stay off (the adapter reads SGLang's detokenized text):
+# `server_args` may not name them.
+OWNED_SERVER_ARGS = frozenset(
     {
-        # set by this adapter
         "model_path",
         "tokenizer_path",
         "served_model_name",
@@ -132,15 +130,25 @@ RECORDED_SERVER_ARGS_FIELDS = frozenset(
         "port",
         "disaggregation_mode",
         "disaggregation_transfer_backend",
-        "disaggregation_bootstrap_port",
         "disaggregation_ib_device",
+        "disaggregation_bootstrap_port",
         "kv_events_config",
         "mem_fraction_static",
         "max_running_requests",
         "chunked_prefill_size",
+        "skip_tokenizer_init",
+    }
+)
+
+
+# ServerArgs field names of sglang 0.5.23 (python/sglang/srt/server_args.py and
+# the namespaces of srt/arg_groups/fields/): what `server_args` is checked
+# against where SGLang is not installed. A subset of the real class;
+# tests/unit/test_sglang_adapter.py checks it against the pinned SGLang's.
+RECORDED_SERVER_ARGS_FIELDS = OWNED_SERVER_ARGS | frozenset(
+    {
         # commonly tuned
         "tokenizer_mode",
-        "skip_tokenizer_init",
         "load_format",
         "trust_remote_code",
         "revision",
@@ -228,35 +236,6 @@ def check_server_args(engine: SglangEngineConfig, known_fields: frozenset[str]) 
     unknown = sorted(set(engine.server_args) - known_fields)
     if unknown:
         raise ValueError(f"engine.server_args: SGLang's ServerArgs has no field(s) {unknown}")
-
-
-# ServerArgs this adapter sets from model, kv_cache and pool settings (`server_args_kwargs`), and
-# `skip_tokenizer_init`, which must stay off (the adapter reads SGLang's detokenized text):
-# `server_args` may not name them.
-OWNED_SERVER_ARGS = frozenset(
-    {
-        "model_path",
-        "tokenizer_path",
-        "served_model_name",
-        "dtype",
-        "context_length",
-        "random_seed",
-        "page_size",
-        "disable_radix_cache",
-        "tp_size",
-        "host",
-        "port",
-        "disaggregation_mode",
-        "disaggregation_transfer_backend",
-        "disaggregation_ib_device",
-        "disaggregation_bootstrap_port",
-        "kv_events_config",
-        "mem_fraction_static",
-        "max_running_requests",
-        "chunked_prefill_size",
-        "skip_tokenizer_init",
-    }
-)
 
 
 def check_config(engine: SglangEngineConfig) -> None:

@@ -271,14 +271,16 @@ def test_the_guard_reads_the_engines_reported_queue_and_the_relative_threshold()
 
 def test_the_request_path_counts_each_request_the_guard_spreads():
     """Through the frontend: three concurrent requests on one prompt, approximate KV routing, a guard
-    that spreads on any imbalance. The first goes where the cost says, the second finds its replica one
-    request busier than the other and is spread (counted), the third finds them even (not counted)."""
+    that spreads on any imbalance. The first goes where the cost says (either replica: a tie), the second
+    finds that one a request busier than the other and is spread (counted), the third finds them even
+    and follows the prompt's cache (not counted)."""
     import asyncio
+    import collections
 
     from tests.factories import MODEL, FakePool, make_frontend
 
     routing = {"policy": "kv_aware", "kv_events": False, "balance_abs_threshold": 0, "balance_rel_threshold": 1.0}
-    fe = make_frontend(disaggregated=False, decode=FakePool("decode_pool", chunk_delay_s=0.05), routing=routing)
+    fe = make_frontend(disaggregated=False, decode=FakePool("decode_pool", chunk_delay_s=0.5), routing=routing)
     body = {"model": MODEL, "prompt": "the same words " * 20, "max_tokens": 2}
 
     async def three():
@@ -286,5 +288,6 @@ def test_the_request_path_counts_each_request_the_guard_spreads():
             return await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(3)))
 
     assert all(r.status_code == 200 for r in asyncio.run(three()))
-    assert sorted(r.target_replica for r in fe.decode.generates) == ["r0", "r0", "r1"]
+    per_replica = collections.Counter(r.target_replica for r in fe.decode.generates)
+    assert sorted(per_replica.values()) == [1, 2]  # ties broken at random: which one takes two varies
     assert fe.metric("orchestrator_balance_guard_routes_total") == 1
