@@ -79,18 +79,34 @@ PATH_COUNTERS = {
 BALANCE_ABS = {"threshold": 2}  # --balance-abs: ours-kv-balanced's routing.balance_abs_threshold
 
 
+# What each of our rows follows: (engine KV events applied, cached tokens predicted).
+ROW_PATH = {
+    "ours-round-robin": (False, False),
+    "ours-kv-events": (True, True),
+    "ours-kv-balanced": (True, True),
+    "ours-approximate": (False, True),
+}
+
+
 def path_problem(system: str, path: dict[str, float], sent: int) -> str | None:
     """None if the counters `path` gained over a run of `sent` requests are what `system` claims; else what is not."""
+    follows_events, predicts = ROW_PATH[system]
+    return route_problem(path, sent, follows_events=follows_events, predicts=predicts)
+
+
+def route_problem(path: dict[str, float], sent: int, *, follows_events: bool, predicts: bool | None) -> str | None:
+    """Every request routed aggregated on the direct data plane, KV event batches applied exactly when the row
+    follows them, and (unless `predicts` is None) cached tokens predicted exactly when it routes on the cache."""
     routes = {k: v for k, v in path.items() if k.startswith("orchestrator_route_decisions_total")}
     if routes.keys() != {"orchestrator_route_decisions_total{kind=aggregated}"} or sum(routes.values()) < sent:
         return f"routes {routes}, expected {sent} aggregated"
     if path.get("orchestrator_direct_path_fallbacks_total", 0) > 0:
         return "calls left the direct data plane"
     events = path.get("orchestrator_kv_event_batches_total", 0) > 0
-    if events != (system in ("ours-kv-events", "ours-kv-balanced")):
+    if events != follows_events:
         return f"KV event batches applied: {events}"
     predicted = path.get("orchestrator_predicted_cached_prompt_tokens_total", 0) > 0
-    if predicted != (system != "ours-round-robin"):
+    if predicts is not None and predicted != predicts:
         return f"cached tokens predicted: {predicted}"
     return None
 

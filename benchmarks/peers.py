@@ -143,8 +143,9 @@ def vllm_data_parallel(n: int, cfg: AppConfig, log: Path) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def sglang_router(worker_urls: list[str], log: Path) -> Iterator[str]:
-    """SGLang's model gateway router (`cache_aware`) in front of `worker_urls`."""
+def sglang_router(worker_urls: list[str], log: Path, policy: str = "cache_aware") -> Iterator[str]:
+    """SGLang's model gateway router (`policy`: its cache_aware by default, round_robin, ...) in front of
+    `worker_urls`."""
     python = ensure_venv("sglang-router", ["sglang-router==0.3.2"])
     port = free_port()
     cmd = [
@@ -158,7 +159,7 @@ def sglang_router(worker_urls: list[str], log: Path) -> Iterator[str]:
         "--worker-urls",
         *worker_urls,
         "--policy",
-        "cache_aware",
+        policy,
         "--disable-circuit-breaker",
     ]
     proc = subprocess.Popen(cmd, stdout=log.open("a"), stderr=subprocess.STDOUT, start_new_session=True)

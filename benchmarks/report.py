@@ -29,10 +29,14 @@ __all__ = [
 
 
 def document(benchmark: str, version: int, **fields: Any) -> dict[str, Any]:
-    """A result document's head: what ran it (name, schema version, the machine), then `fields`."""
+    """A result document's head: what ran it (name, schema version, the run's UTC date, the machine), then
+    `fields`."""
+    import datetime
+
     from tools.bench import hardware
 
-    return {"benchmark": benchmark, "version": version, "hardware": hardware(), **fields}
+    date = datetime.datetime.now(datetime.UTC).date().isoformat()
+    return {"benchmark": benchmark, "version": version, "date": date, "hardware": hardware(), **fields}
 
 
 def write_json(path: str | Path, doc: Any, indent: int = 2) -> Path:

@@ -1,0 +1,10 @@
+"""Every headline row, in the order the summary lists them."""
+
+from __future__ import annotations
+
+from benchmarks.summary import planner_rows, routing_rows, serving_rows, simulator_rows
+from benchmarks.summary.row import Row
+
+
+def rows() -> list[Row]:
+    return [*serving_rows.rows(), *routing_rows.rows(), *simulator_rows.rows(), *planner_rows.rows()]

@@ -1,0 +1,113 @@
+"""The SLA planner: the train/test table against a hindsight optimum (cluster simulator), and the planner on the Ray
+Serve application in real time."""
+
+from __future__ import annotations
+
+from benchmarks.summary.row import RESULTS, Row, Target, load, ratio
+
+TRAIN_TEST = "simulator/autoscale_tt"  # one document a load: `python -m benchmarks.autoscale`
+# BENCHMARKS "### Train/test with a hindsight optimum": the planner's targets against the other policies
+ATTAINMENT_POINTS_BELOW_HINDSIGHT = 1.0  # within 1 point of the hindsight optimum's attainment
+GPU_HOURS_OVER_HINDSIGHT = 1.15  # at most 1.15× its GPU-hours
+PER_GPU_HOUR_OVER_STATIC = 1.0  # attainment per GPU-hour at least the best static split's
+PER_GPU_HOUR_OVER_RAY_DEFAULT = 3.0  # and at least 3× Ray Serve's default policy's
+WORKLOADS = {
+    "azure": "Azure conversation trace",
+    "phases": "sinusoidal phases",
+    "bursty-prefill": "bursty prefill-heavy",
+    "decode-heavy": "decode-heavy",
+    "diurnal": "diurnal ramp",
+    "mooncake": "Mooncake conversation trace",
+}
+SERVE_RUN = "autoscale_serve/phases.json"  # planner, Ray Serve's autoscaler and a static split, one machine
+SERVE_QUIET = "autoscale_serve/phases_planner_quiet.json"  # the planner alone, rerun on a quiet machine
+
+
+def _pct(x: float, decimals: int = 2) -> str:
+    return f"{100 * x:.{decimals}f}%"
+
+
+def _train_test_sources() -> list[str]:
+    """The train/test table's documents: training set first, then test, each by workload (as autoscale_table)."""
+    paths = [str(p.relative_to(RESULTS)) for p in (RESULTS / TRAIN_TEST).glob("*.json")]
+    table = [s for s in paths if "hindsight" in load(s)["results"]]
+    return sorted(table, key=lambda s: (load(s)["set"] != "training", load(s)["workload"]))
+
+
+def _sla(sla: dict) -> str:
+    return f"TTFT p99 ≤ {sla['ttft_p99_ms']:.0f} ms, ITL p50 ≤ {sla['itl_p50_ms']:.0f} ms"
+
+
+def _at(r: dict, decimals: int = 2) -> str:
+    """A policy's attainment and GPU-hours."""
+    return f"{_pct(r['attainment'], decimals)} at {r['gpu_hours']:.3f}"
+
+
+def _per_gpu_hour(planner: dict, other: dict) -> float:
+    """The planner's attainment per GPU-hour over another policy's."""
+    return planner["attainment_per_gpu_hour"] / other["attainment_per_gpu_hour"]
+
+
+def _train_test_row(source: str) -> Row:
+    doc = load(source)
+    r = doc["results"]
+    planner, hindsight, static = r["planner"], r["hindsight"], r["static"]
+    ray_default, ray_tuned = r["ray-default"], r["ray-tuned"]
+    under_target = hindsight["attainment"] < hindsight["target"]
+    result = (
+        f"planner {_pct(planner['attainment'])} within SLO at {planner['gpu_hours']:.3f} GPU-h; hindsight optimum "
+        f"{_at(hindsight)}"
+        + (f" (under its {100 * hindsight['target']:.0f}% target)" if under_target else "")
+        + f": planner {ratio(planner['gpu_hours'], hindsight['gpu_hours'])} its GPU-hours. Per GPU-hour the "
+        f"planner is ×{_per_gpu_hour(planner, static):.2f} the best static split ({static['split']}: {_at(static)}), "
+        f"×{_per_gpu_hour(planner, ray_default):.2f} Ray Serve's default policy ({_at(ray_default)}), "
+        f"×{_per_gpu_hour(planner, ray_tuned):.2f} Ray's policy tuned ({_at(ray_tuned)})"
+    )
+    points_below = 100 * (hindsight["attainment"] - planner["attainment"])
+    targets = (
+        Target(
+            f"attainment within {ATTAINMENT_POINTS_BELOW_HINDSIGHT:g} point of the hindsight optimum's",
+            points_below <= ATTAINMENT_POINTS_BELOW_HINDSIGHT,
+        ),
+        Target(
+            f"GPU-hours ≤ ×{GPU_HOURS_OVER_HINDSIGHT:.2f} the hindsight optimum's",
+            planner["gpu_hours"] / hindsight["gpu_hours"] <= GPU_HOURS_OVER_HINDSIGHT,
+        ),
+        Target(
+            f"per GPU-hour ≥ ×{PER_GPU_HOUR_OVER_STATIC:g} the best static split",
+            _per_gpu_hour(planner, static) >= PER_GPU_HOUR_OVER_STATIC,
+        ),
+        Target(
+            f"per GPU-hour ≥ ×{PER_GPU_HOUR_OVER_RAY_DEFAULT:g} Ray's default",
+            _per_gpu_hour(planner, ray_default) >= PER_GPU_HOUR_OVER_RAY_DEFAULT,
+        ),
+    )
+    what = (
+        f"SLA planner, {WORKLOADS.get(doc['workload'], doc['workload'])} ({doc['set']} set; {doc['requests']:,} "
+        f"requests, simulated {doc['gpu']}s, {doc['model']}, {_sla(doc['sla'])}, {doc['interval_s']:.0f} s interval)"
+    )
+    return Row(what, result, (source,), targets)
+
+
+def _serve_row() -> Row:
+    doc, quiet = load(SERVE_RUN), load(SERVE_QUIET)
+    runs = {r["policy"]: r for r in doc["runs"]}
+    planner, ray_default, static = runs["planner"], runs["ray-default"], runs["static"]
+    (rerun,) = quiet["runs"]
+    static_split = "P+".join(doc["args"]["static"].split("+")) + "D"
+    unanswered = sum(r["requests"] - r["answered"] for r in (*doc["runs"], rerun))
+    scale_downs = rerun["scale_downs"]
+    result = (
+        f"{doc['workload']}, {doc['args']['sim_model']}-class engines, {_sla(doc['sla'])}, shared machine: planner "
+        f"{_at(planner, 1)} GPU-h, Ray Serve's autoscaler (defaults) {_at(ray_default, 1)}, static {static_split} "
+        f"{_at(static, 1)}; per GPU-h the planner is ×{_per_gpu_hour(planner, static):.2f} static at "
+        f"{100 * (static['attainment'] - planner['attainment']):.1f} points less attainment, "
+        f"×{_per_gpu_hour(planner, ray_default):.2f} Ray's. The planner rerun alone on a quiet machine: "
+        f"{_at(rerun, 1)}, {sum(s['lost'] for s in scale_downs)} lost at its {len(scale_downs)} scale-downs. "
+        f"Requests unanswered: {unanswered}"
+    )
+    return Row("SLA planner on the Ray Serve app, real time (simulated engines)", result, (SERVE_RUN, SERVE_QUIET))
+
+
+def rows() -> list[Row]:
+    return [*(_train_test_row(s) for s in _train_test_sources()), _serve_row()]
