@@ -45,9 +45,19 @@ class ModelConfig(_Strict):
     name: str = Field(description="Model name clients send in the OpenAI `model` field.")
     source: str = Field(description="Hugging Face repo id, or a local directory (absolute or ~).")
     tokenizer: str | None = Field(default=None, description="Tokenizer source; defaults to `source`.")
-    max_model_len: PositiveInt
-    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
-    seed: int = 0
+    max_model_len: PositiveInt = Field(
+        description="Context length in tokens, prompt plus output: the engine's max_model_len (SGLang: "
+        "context_length); the frontend refuses prompts that leave no room and clamps max_tokens to what is left.",
+    )
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = Field(
+        default="auto",
+        description="Weight and activation dtype, passed to vLLM and SGLang as `dtype` (auto: the engine's own "
+        "choice); the simulated engine ignores it.",
+    )
+    seed: int = Field(
+        default=0,
+        description="The engine's random seed (vLLM's `seed`, SGLang's `random_seed`).",
+    )
     tool_call_parser: str | None = Field(
         default=None,
         min_length=1,
@@ -81,8 +91,17 @@ def resolve_source(source: str) -> str:
 
 
 class KVCacheConfig(_Strict):
-    block_size: PositiveInt = 16
-    enable_prefix_caching: bool = True
+    block_size: PositiveInt = Field(
+        default=16,
+        description="Tokens per KV cache block: the engines' block size (vLLM's block_size, SGLang's page_size, the "
+        "simulator's) and the unit the frontend's KV index and scheduler count prompts in. CPU engines: a multiple of "
+        "32.",
+    )
+    enable_prefix_caching: bool = Field(
+        default=True,
+        description="Engines reuse the KV of cached prompt prefixes (vLLM's enable_prefix_caching; false disables "
+        "SGLang's radix cache and the simulator's prefix cache).",
+    )
 
 
 class CpuEngineSettings(_Strict):
@@ -90,8 +109,16 @@ class CpuEngineSettings(_Strict):
     threads that sleep when idle; without this, two engines on a small machine
     spin against each other and every request is ~10x slower."""
 
-    kv_cache_gib: PositiveFloat = 1.0
-    threads: PositiveInt = 1
+    kv_cache_gib: PositiveFloat = Field(
+        default=1.0,
+        description="KV cache size of each engine on device cpu, in GiB (vLLM's kv_cache_memory_bytes); the SLA "
+        "planner takes the decode pool's KV capacity from it, with planner.profile's bytes per token.",
+    )
+    threads: PositiveInt = Field(
+        default=1,
+        description="OpenMP threads per engine on device cpu (OMP_NUM_THREADS), neither bound to cores nor spinning "
+        "when idle.",
+    )
     shm_poll_us: PositiveInt | None = Field(
         default=50,
         description="Microseconds vLLM's engine core and worker sleep between looks at their shared-memory "
@@ -101,14 +128,41 @@ class CpuEngineSettings(_Strict):
 
 
 class VllmEngineConfig(_Strict):
-    kind: Literal["vllm"] = "vllm"
-    device: Device = Device.CUDA
-    tensor_parallel_size: PositiveInt = 1
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    max_num_seqs: PositiveInt | None = None
-    max_num_batched_tokens: PositiveInt | None = None
-    enforce_eager: bool = False
-    cpu: CpuEngineSettings = CpuEngineSettings()
+    kind: Literal["vllm"] = Field(
+        default="vllm",
+        description="vLLM's AsyncLLM in the replica process; the default when `kind` is omitted.",
+    )
+    device: Device = Field(
+        default=Device.CUDA,
+        description="cuda: each replica reserves tensor_parallel_size Ray GPUs. cpu: vLLM's CPU build, no GPU: the "
+        "`cpu` settings apply, NIXL's KV buffer is host memory and kv_cache.block_size must be a multiple of 32.",
+    )
+    tensor_parallel_size: PositiveInt = Field(
+        default=1,
+        description="GPUs per replica (vLLM's tensor_parallel_size), all on one node; above 1 vLLM's Ray executor runs "
+        "the ranks in the replica's STRICT_PACK placement group. cuda only.",
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="vLLM's gpu_memory_utilization: the share of each GPU's memory the engine may use, the KV cache "
+        "taking what weights and activations leave. On cpu the KV cache is cpu.kv_cache_gib.",
+    )
+    max_num_seqs: PositiveInt | None = Field(
+        default=None,
+        description="vLLM's max_num_seqs: most sequences in one batch. None: vLLM's default. The SLA planner takes "
+        "the decode pool's as its batch cap (256 when None).",
+    )
+    max_num_batched_tokens: PositiveInt | None = Field(
+        default=None,
+        description="vLLM's max_num_batched_tokens: most tokens one scheduler step computes. None: vLLM's default.",
+    )
+    enforce_eager: bool = Field(
+        default=False,
+        description="vLLM's enforce_eager: run the model eagerly, without CUDA graphs.",
+    )
+    cpu: CpuEngineSettings = Field(default=CpuEngineSettings(), description="Settings that apply with device cpu only.")
     engine_args: dict[str, Any] = Field(
         default_factory=dict,
         description="Further vLLM AsyncEngineArgs, checked at build time against vLLM's own field names "
@@ -127,10 +181,24 @@ class SimEngineConfig(_Strict):
     paged KV with prefix caching and KV events, timed by a performance model,
     in real time. Needs no accelerator."""
 
-    kind: Literal["sim"]
-    gpu: Literal["H100", "H200", "A100"] = "H100"
-    model: Literal["llama-3.1-8b", "llama-3.1-70b", "qwen3-32b"] = "llama-3.1-8b"
-    tensor_parallel_size: PositiveInt = 1
+    kind: Literal["sim"] = Field(
+        description="The simulated engine (orchestrator/sim); Ray reserves no GPU for its replicas.",
+    )
+    gpu: Literal["H100", "H200", "A100"] = Field(
+        default="H100",
+        description="The modelled GPU: its roofline times each step and its memory sizes the KV cache (unless "
+        "num_gpu_blocks); unused with `profile`.",
+    )
+    model: Literal["llama-3.1-8b", "llama-3.1-70b", "qwen3-32b"] = Field(
+        default="llama-3.1-8b",
+        description="The modelled model (its size and KV bytes per token, for the roofline and the KV capacity); "
+        "unused with `profile`. Output text still comes from the application's tokenizer (model.tokenizer / source).",
+    )
+    tensor_parallel_size: PositiveInt = Field(
+        default=1,
+        description="Modelled GPUs per replica: the roofline divides compute and memory traffic among them (adding an "
+        "all-reduce per layer) and the KV capacity counts their memory.",
+    )
     profile: str | None = Field(
         default=None,
         description="A profile from `orchestrator profile`; its measured step times replace the roofline of gpu/model.",
@@ -140,9 +208,23 @@ class SimEngineConfig(_Strict):
         description="KV capacity in blocks; None: what the GPU memory left after the weights holds "
         "(roofline), or the profile's measured capacity.",
     )
-    gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    max_num_seqs: PositiveInt = 256
-    max_num_batched_tokens: PositiveInt = 8192
+    gpu_memory_utilization: float = Field(
+        default=0.9,
+        gt=0,
+        le=1,
+        description="Share of each modelled GPU's memory for weights and KV cache: sizes the roofline's KV capacity "
+        "when neither num_gpu_blocks nor profile is set.",
+    )
+    max_num_seqs: PositiveInt = Field(
+        default=256,
+        description="Most sequences running in one simulated step (as vLLM's max_num_seqs); the SLA planner's decode "
+        "batch cap too.",
+    )
+    max_num_batched_tokens: PositiveInt = Field(
+        default=8192,
+        description="Most tokens (prompt chunks and decode tokens) one simulated step computes, as vLLM's "
+        "max_num_batched_tokens.",
+    )
     link: Literal["nvlink", "infiniband", "pcie"] = Field(
         default="infiniband", description="The prefill -> decode KV transfer path the handoff time is modelled on."
     )
@@ -161,12 +243,27 @@ class SglangEngineConfig(_Strict):
     """SGLang's engine (`sglang.Engine`) in its disaggregation role. SGLang
     needs CUDA: this kind runs only on GPU machines (benchmarks/gpu/)."""
 
-    kind: Literal["sglang"]
-    tensor_parallel_size: PositiveInt = 1
+    kind: Literal["sglang"] = Field(description="SGLang's engine in the replica process (CUDA only).")
+    tensor_parallel_size: PositiveInt = Field(
+        default=1,
+        description="GPUs per replica (SGLang's tp_size), all held by the replica actor (above 1: in one placement "
+        "bundle, on one node).",
+    )
     mem_fraction_static: float | None = Field(default=None, gt=0, lt=1, description="None: SGLang's default.")
-    max_running_requests: PositiveInt | None = None
-    chunked_prefill_size: PositiveInt | None = None
-    transfer_backend: SglangTransferBackend = SglangTransferBackend.NIXL
+    max_running_requests: PositiveInt | None = Field(
+        default=None,
+        description="SGLang's max_running_requests. None: SGLang's default. The SLA planner does not read it (it "
+        "assumes 256).",
+    )
+    chunked_prefill_size: PositiveInt | None = Field(
+        default=None,
+        description="SGLang's chunked_prefill_size, in tokens. None: SGLang's default.",
+    )
+    transfer_backend: SglangTransferBackend = Field(
+        default=SglangTransferBackend.NIXL,
+        description="SGLang's disaggregation_transfer_backend for the prefill -> decode KV transfer; not set for an "
+        "aggregated pool.",
+    )
     ib_device: str | None = Field(default=None, description="RDMA device(s) for the mooncake backend, e.g. mlx5_0.")
     server_args: dict[str, Any] = Field(
         default_factory=dict,
@@ -199,11 +296,28 @@ class ServeAutoscaling(_Strict):
     """Ray Serve's own autoscaler for a pool (with the SLA planner off):
     replicas = ongoing requests / target_ongoing_requests, within bounds."""
 
-    target_ongoing_requests: PositiveFloat = 2.0
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: PositiveInt = 8
-    upscale_delay_s: float = Field(default=30.0, ge=0)
-    downscale_delay_s: float = Field(default=600.0, ge=0)
+    target_ongoing_requests: PositiveFloat = Field(
+        default=2.0,
+        description="Serve's target_ongoing_requests: the ongoing requests per replica the autoscaler aims for.",
+    )
+    min_replicas: int = Field(
+        default=1,
+        ge=0,
+        description="Fewest replicas Serve's autoscaler keeps; `replicas` is clamped into the bounds as the initial "
+        "count.",
+    )
+    max_replicas: PositiveInt = Field(default=8, description="Most replicas Serve's autoscaler scales the pool to.")
+    upscale_delay_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="Serve's upscale_delay_s: seconds the autoscaler must want more replicas before it adds them.",
+    )
+    downscale_delay_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="Serve's downscale_delay_s: seconds the autoscaler must want fewer replicas before it removes "
+        "them.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> ServeAutoscaling:
@@ -213,13 +327,17 @@ class ServeAutoscaling(_Strict):
 
 
 class PoolConfig(_Strict):
-    replicas: PositiveInt = 1
+    replicas: PositiveInt = Field(
+        default=1,
+        description="Replica count with the planner off and no `autoscaling`; otherwise the initial count, clamped to "
+        "the autoscaler's or the planner's bounds.",
+    )
     autoscaling: ServeAutoscaling | None = Field(
         default=None,
         description="Ray Serve's default autoscaler for this pool, `replicas` the initial count; "
         "None: a fixed count (or the SLA planner's, with planner.mode act).",
     )
-    engine: EngineConfig
+    engine: EngineConfig = Field(description="The replicas' engine, by `kind`: vllm (the default), sim or sglang.")
     num_cpus: float = Field(default=1.0, ge=0, description="Ray logical CPUs per replica.")
     resources: dict[str, PositiveFloat] = Field(
         default_factory=dict,
@@ -238,11 +356,14 @@ class PoolConfig(_Strict):
 class LimitsConfig(_Strict):
     """Checked before any engine sees a request; a request over a limit gets a 4xx."""
 
-    max_request_bytes: PositiveInt = 4 * 2**20
+    max_request_bytes: PositiveInt = Field(
+        default=4 * 2**20,
+        description="Largest request body, in bytes (4 MiB); a larger one gets a 413 and is not read past the limit.",
+    )
     max_prompt_tokens: PositiveInt | None = Field(default=None, description="None: the model's context length.")
     max_output_tokens: PositiveInt | None = Field(default=None, description="None: whatever the context leaves.")
-    max_stop_strings: PositiveInt = 16
-    max_stop_string_chars: PositiveInt = 256
+    max_stop_strings: PositiveInt = Field(default=16, description="Most `stop` strings in one request.")
+    max_stop_string_chars: PositiveInt = Field(default=256, description="Longest `stop` string, in characters.")
     max_n: PositiveInt = Field(default=16, description="Most choices (`n`) one prompt may ask for.")
     max_prompts: PositiveInt = Field(default=64, description="Most prompts in one completion request.")
     max_logprobs: int = Field(
@@ -271,8 +392,12 @@ class DataPlane(str, enum.Enum):
 
 
 class FrontendConfig(_Strict):
-    replicas: PositiveInt = 1
-    num_cpus: float = Field(default=1.0, ge=0)
+    replicas: PositiveInt = Field(
+        default=1,
+        description="Replicas of the `frontend` deployment (a fixed count); each runs its own admission control, "
+        "scheduler and KV index.",
+    )
+    num_cpus: float = Field(default=1.0, ge=0, description="Ray logical CPUs per frontend replica.")
     max_ongoing_requests: PositiveInt = Field(
         default=1024, description="Serve's cap on requests inside one frontend replica (above max_in_flight)."
     )
@@ -280,7 +405,10 @@ class FrontendConfig(_Strict):
         default=256,
         description="Admission control: requests one frontend replica serves at once; beyond it, 429 with Retry-After.",
     )
-    retry_after_s: PositiveInt = 1
+    retry_after_s: PositiveInt = Field(
+        default=1,
+        description="Seconds sent in the Retry-After header of the 429 a frontend replica answers at max_in_flight.",
+    )
     prefill_timeout_s: PositiveFloat = Field(
         default=30.0, description="A prefill slower than this is abandoned and the decode replica prefills locally."
     )
@@ -295,8 +423,14 @@ class FrontendConfig(_Strict):
         description="A migration that finds no decode replica but those that failed the stream waits this long for "
         "Serve to start one (a replacement engine loads in minutes), then tries the failed ones again.",
     )
-    limits: LimitsConfig = LimitsConfig()
-    auth: AuthConfig = AuthConfig()
+    limits: LimitsConfig = Field(
+        default=LimitsConfig(),
+        description="Request limits the frontend checks before any engine sees a request.",
+    )
+    auth: AuthConfig = Field(
+        default=AuthConfig(),
+        description="API key authentication of `/v1/*` and `/pools` (`/health` stays open).",
+    )
     data_plane: DataPlane = Field(
         default=DataPlane.DIRECT,
         description="direct: requests and tokens go over the frontend's own connections to each replica, Serve "
@@ -336,7 +470,11 @@ class ShapeRoutingConfig(_Strict):
     The cached prefix is measured in the frontend's KV index over the replicas
     of every group (the request's reuse, wherever its prefix lives now)."""
 
-    policy: ShapePolicy = ShapePolicy.SHAPE
+    policy: ShapePolicy = Field(
+        default=ShapePolicy.SHAPE,
+        description="shape: the group by the request's shape (above); round_robin: the groups in turn, shape-blind (a "
+        "baseline with the same pools).",
+    )
     prefix_group: str = Field(
         description="Group for prefix-heavy requests (e.g. SGLang pools): `primary` or the "
         "name of one of `pool_groups`."
@@ -362,13 +500,22 @@ class ShapeRoutingConfig(_Strict):
 class RoutingConfig(_Strict):
     """How the scheduler picks replicas and decides whether to disaggregate."""
 
-    policy: RoutingPolicy = RoutingPolicy.KV_AWARE
+    policy: RoutingPolicy = Field(
+        default=RoutingPolicy.KV_AWARE,
+        description="kv_aware: the KV-locality scheduler (cost of uncached prompt blocks plus decode load, conditional "
+        "disaggregation); round_robin: replicas in turn, every request disaggregated while a prefill replica is live, "
+        "no KV events.",
+    )
     kv_events: bool = Field(
         default=True,
         description="Engines publish KV cache events and the index follows them. False: approximate mode, "
         "the index remembers the scheduler's own routes for `approximate_ttl_s`.",
     )
-    approximate_ttl_s: PositiveFloat = 120.0
+    approximate_ttl_s: PositiveFloat = Field(
+        default=120.0,
+        description="Approximate mode (kv_events false): seconds a route's prompt blocks count as cached on the "
+        "replicas it was sent to.",
+    )
     event_lag_ttl_s: float = Field(
         default=5.0,
         ge=0,
@@ -391,7 +538,12 @@ class RoutingConfig(_Strict):
         "busiest has more than `balance_rel_threshold` times the idlest's, a request goes to the least busy "
         "replicas (cost still breaks the tie) instead of following its cache. None: no guard.",
     )
-    balance_rel_threshold: float = Field(default=1.5, ge=1.0)
+    balance_rel_threshold: float = Field(
+        default=1.5,
+        ge=1.0,
+        description="The balance guard's ratio: it acts only when the busiest decode replica also has more than this "
+        "many times the idlest's requests; unused while balance_abs_threshold is None.",
+    )
     local_prefill_max_tokens: int = Field(
         default=512,
         ge=0,
@@ -413,8 +565,16 @@ class RoutingConfig(_Strict):
 class SlaConfig(_Strict):
     """Latency targets. Recorded now; the SLA planner sizes pools to them."""
 
-    ttft_p99_ms: PositiveFloat | None = None
-    itl_p50_ms: PositiveFloat | None = None
+    ttft_p99_ms: PositiveFloat | None = Field(
+        default=None,
+        description="Target p99 time to first token, in milliseconds. None: no target; planner.mode advisory or act "
+        "needs both targets.",
+    )
+    itl_p50_ms: PositiveFloat | None = Field(
+        default=None,
+        description="Target median inter-token latency, in milliseconds: the planner sizes decode batches to it. None: "
+        "no target.",
+    )
 
 
 class PlannerMode(str, enum.Enum):
@@ -424,8 +584,17 @@ class PlannerMode(str, enum.Enum):
 
 
 class PoolBounds(_Strict):
-    min_replicas: int = Field(default=1, ge=0)
-    max_replicas: PositiveInt = 8
+    min_replicas: int = Field(
+        default=1,
+        ge=0,
+        description="Fewest replicas the planner gives the pool (Serve's min_replicas); `replicas` is clamped into the "
+        "bounds as the initial count.",
+    )
+    max_replicas: PositiveInt = Field(
+        default=8,
+        description="Most replicas the planner gives the pool (Serve's max_replicas); the layout check (`cluster`) "
+        "counts this many with planner.mode act.",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> PoolBounds:
@@ -438,16 +607,35 @@ class PlannerConfig(_Strict):
     """The SLA planner: every `interval_s`, observe -> predict -> propose ->
     constrain -> act, per pool (orchestrator/planner)."""
 
-    mode: PlannerMode = PlannerMode.OFF
-    interval_s: PositiveFloat = 30.0
-    predictor: Literal["constant", "moving_average", "kalman", "seasonal"] = "kalman"
+    mode: PlannerMode = Field(
+        default=PlannerMode.OFF,
+        description="off: the planner does not run; advisory: it decides every interval and logs and exports its "
+        "decision, changing nothing; act: it resizes the primary pools through Ray Serve's autoscaling.",
+    )
+    interval_s: PositiveFloat = Field(
+        default=30.0,
+        description="Seconds between planner decisions; also the window over which each replica reports its load to "
+        "the planner.",
+    )
+    predictor: Literal["constant", "moving_average", "kalman", "seasonal"] = Field(
+        default="kalman",
+        description="How the next intervals' request rate, ISL, OSL and prefix hit rate are predicted: the last value, "
+        "a moving average of 5 intervals, a Kalman level + trend (damped by trend_damping), or seasonal (a period of "
+        "24 intervals).",
+    )
     profile: str | None = Field(
         default=None,
         description="Engine profile (`orchestrator profile`); None: the "
         "simulated engine's roofline for simulated pools",
     )
-    prefill: PoolBounds = PoolBounds()
-    decode: PoolBounds = PoolBounds()
+    prefill: PoolBounds = Field(
+        default=PoolBounds(),
+        description="Bounds of the prefill pool's replica count while the planner runs (advisory or act).",
+    )
+    decode: PoolBounds = Field(
+        default=PoolBounds(),
+        description="Bounds of the decode pool's replica count while the planner runs (advisory or act).",
+    )
     max_gpus: PositiveInt | None = Field(default=None, description="GPU budget shared by both pools; None: no cap")
     budget_priority: Literal["decode", "prefill"] = Field(
         default="decode",
@@ -509,7 +697,11 @@ class NetworkConfig(_Strict):
         description="Address peers use to reach a replica's NIXL side channel and KV events; "
         "None means the replica's Ray node address.",
     )
-    nixl_backends: list[str] = Field(default_factory=lambda: ["UCX"])
+    nixl_backends: list[str] = Field(
+        default_factory=lambda: ["UCX"],
+        description="NIXL backends of vLLM's NixlConnector (kv_connector_extra_config `backends`) for the prefill -> "
+        "decode KV transfer; vLLM pools only.",
+    )
     kv_handshake_timeout_s: PositiveInt | None = Field(
         default=None,
         description="How long a decode engine waits for a prefill engine's NIXL handshake before it computes "
@@ -540,7 +732,11 @@ class ClusterConfig(_Strict):
     replica's tensor-parallel ranks sit on one node (a STRICT_PACK placement
     group), so a replica never spans nodes."""
 
-    gpus_per_node: PositiveInt = 8
+    gpus_per_node: PositiveInt = Field(
+        default=8,
+        description="GPUs per node: no replica may need more (its ranks share one node), and with `nodes` set the "
+        "pools' replicas must pack onto nodes of this size.",
+    )
     nodes: PositiveInt | None = Field(default=None, description="GPU nodes; None: not checked against a total.")
 
 
@@ -550,9 +746,15 @@ class PoolGroupConfig(_Strict):
     the primary vLLM pair. Its deployments are `<name>_prefill_pool` and
     `<name>_decode_pool`; it has its own scheduler."""
 
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]{0,31}$")
+    name: str = Field(
+        pattern=r"^[a-z][a-z0-9_]{0,31}$",
+        description="The group's name: prefix of its deployment names, and what routing.shape's prefix_group / "
+        "unique_group refer to; `primary` is reserved.",
+    )
     prefill_pool: PoolConfig | None = Field(default=None, description="Absent: the group serves aggregated.")
-    decode_pool: PoolConfig
+    decode_pool: PoolConfig = Field(
+        description="The group's `<name>_decode_pool`: aggregated when prefill_pool is absent.",
+    )
 
     @property
     def mode(self) -> ServingMode:
@@ -567,20 +769,41 @@ class PoolGroupConfig(_Strict):
 
 
 class AppConfig(_Strict):
-    model: ModelConfig
-    kv_cache: KVCacheConfig = KVCacheConfig()
+    model: ModelConfig = Field(description="The one model every pool and group serves.")
+    kv_cache: KVCacheConfig = Field(
+        default=KVCacheConfig(),
+        description="The KV cache layout of every engine, and the block size the frontend's KV index hashes prompts "
+        "in.",
+    )
     prefill_pool: PoolConfig | None = Field(
         default=None, description="Absent: aggregated serving, the decode pool prefills every prompt."
     )
-    decode_pool: PoolConfig
+    decode_pool: PoolConfig = Field(
+        description="The `decode_pool` deployment: it decodes, and prefills a prompt itself when serving aggregated or "
+        "when the scheduler keeps a prefill local.",
+    )
     pool_groups: list[PoolGroupConfig] = Field(
         default_factory=list, description="Further pool groups (same model); `routing.shape` chooses among them."
     )
-    frontend: FrontendConfig = FrontendConfig()
-    routing: RoutingConfig = RoutingConfig()
-    sla: SlaConfig = SlaConfig()
-    planner: PlannerConfig = PlannerConfig()
-    network: NetworkConfig = NetworkConfig()
+    frontend: FrontendConfig = Field(
+        default=FrontendConfig(),
+        description="The `frontend` deployment (the ingress): the OpenAI API, admission, request limits, "
+        "authentication and how requests reach the pools.",
+    )
+    routing: RoutingConfig = Field(
+        default=RoutingConfig(),
+        description="How the frontend's scheduler picks replicas and decides whether to disaggregate, and which pool "
+        "group serves a request.",
+    )
+    sla: SlaConfig = Field(default=SlaConfig(), description="Latency targets the SLA planner sizes the pools to.")
+    planner: PlannerConfig = Field(
+        default=PlannerConfig(),
+        description="The SLA planner, which sizes the primary prefill and decode pools (off by default).",
+    )
+    network: NetworkConfig = Field(
+        default=NetworkConfig(),
+        description="The KV transfer between prefill and decode engines and the address of each replica's KV events.",
+    )
     cluster: ClusterConfig | None = Field(default=None, description="None: layouts are not checked.")
     serving_niceness: int | None = Field(
         default=0,

@@ -153,8 +153,14 @@ def _extra_args(request_args: tuple[tuple[str, Any], ...], kv_transfer_params: d
 
 
 def _finish_reason(reason: str | None) -> FinishReason | None:
+    """vLLM's finish reason as ours. vLLM's "error" (a retryable internal failure: a KV load that failed,
+    ...; its own server answers a 500) is an EngineError, which the request path answers as any engine
+    failure: the prefill falls back, the decode migrates. It was once read as "stop", ending the answer
+    short with a normal finish."""
     if reason is None:
         return None
+    if reason == "error":
+        raise EngineError("the engine ended the request with an internal error (vLLM finish_reason 'error')")
     return FinishReason(reason) if reason in FinishReason._value2member_map_ else FinishReason.STOP
 
 

@@ -4,9 +4,15 @@ framing, errors, disaggregation fallback and cancellation."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
+from dataclasses import dataclass
+from typing import get_args
 
 import pytest
+from openai.types import Completion
+from openai.types.completion_choice import CompletionChoice
+from vllm.v1.engine import FinishReason as VllmFinishReason
 
 from orchestrator.api import sse
 from orchestrator.api.responses import Endpoint
@@ -384,9 +390,32 @@ def test_stop_and_sampling_fields_reach_the_engine_request():
     assert fe.prefill.prefills[0].sampling.min_tokens == 0
 
 
-def test_finish_reason_values_are_openai_strings():
-    # OpenAI's, and vLLM's own for an output its repetition_detection ended
-    assert {r.value for r in FinishReason} == {"stop", "length", "abort", "repetition"}
+@dataclass
+class _EndingWith(FakePool):
+    """A decode pool whose outputs end with `reason` (FakePool's end on max_tokens or a stop string)."""
+
+    reason: FinishReason = FinishReason.STOP
+
+    async def generate(self, request, view=None):
+        async for chunk in super().generate(request, view):
+            yield dataclasses.replace(chunk, finish_reason=self.reason) if chunk.finished else chunk
+
+
+def test_finish_reasons_are_the_strings_vllms_server_shows_its_clients():
+    """Our finish reasons are those vLLM's engine reports (`str()` of its FinishReason: its
+    RequestOutput's `finish_reason`) but "error", which vLLM's server answers with a 500 instead of
+    showing. Each reaches the client as that string, and an answer ending with one that OpenAI's
+    client types too parses as the `openai` package's own `Completion`."""
+    shown = [r for r in VllmFinishReason if r is not VllmFinishReason.ERROR]
+    assert {r.value for r in FinishReason} == {str(r) for r in shown}
+    openai_typed = set(get_args(CompletionChoice.model_fields["finish_reason"].annotation))
+    assert openai_typed & {str(r) for r in shown}  # stop and length
+    for vllm_reason in shown:
+        fe = make_frontend(decode=_EndingWith("decode_pool", reason=FinishReason(str(vllm_reason))))
+        body = run(_post(fe, "/v1/completions", {"model": MODEL, "prompt": "a b", "max_tokens": 2})).json()
+        assert body["choices"][0]["finish_reason"] == str(vllm_reason)
+        if str(vllm_reason) in openai_typed:
+            assert Completion.model_validate(body).choices[0].finish_reason == str(vllm_reason)
 
 
 def test_sse_events_stay_on_one_line_whatever_the_text():

@@ -8,7 +8,17 @@ import json
 
 from orchestrator.engines.base import EngineRequestRejected
 from orchestrator.messages import RepetitionDetection, StructuredKind, StructuredOutput
-from tests.factories import MODEL, OUT, FakePool, chat, json_events, make_frontend, post, token_text
+from tests.factories import (
+    MODEL,
+    OUT,
+    FakePool,
+    chat,
+    json_events,
+    make_frontend,
+    post,
+    tiny_tokenizer,
+    token_text,
+)
 
 
 def _completion(fe, **body):
@@ -376,15 +386,79 @@ def test_required_tool_choice_reads_each_call_from_the_constrained_list():
     assert [c["index"] for c in last["delta"]["tool_calls"]] == [0, 1] and last["finish_reason"] == "tool_calls"
 
 
-def test_tool_messages_and_assistant_tool_calls_render_through_the_template():
-    fe = make_frontend()
+# A tool-calling template in the style of Hermes 2 Pro's and Qwen2.5's (its text in expressions, which the
+# environment's trim_blocks leaves whole): an assistant's calls as <tool_call> JSON with the arguments as an object,
+# the results together in one user turn of <tool_response>s.
+HERMES_TOOL_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}{{ '<|im_start|>user' }}{% endif %}"
+    "{{ '\n<tool_response>\n' + m.content + '\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{ '<|im_end|>\n' }}{% endif %}"
+    "{% else %}"
+    "{{ '<|im_start|>' + m.role }}{% if m.content %}{{ '\n' + m.content }}{% endif %}"
+    "{% for call in m.tool_calls or [] %}"
+    "{{ '\n<tool_call>\n' }}{{ {'name': call.function.name, 'arguments': call.function.arguments} | tojson }}"
+    "{{ '\n</tool_call>' }}"
+    "{% endfor %}{{ '<|im_end|>\n' }}"
+    "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+HERMES_TOKENS = ["<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>"]
+
+
+def _prompt_vllms_server_renders(model_dir, tokenizer, messages) -> str:
+    """The chat prompt vLLM 0.32's server makes of `messages`, served with `--chat-template` the tokenizer's own
+    (HfRenderer.render_messages: its request model, parse_chat_messages in the template's content format,
+    safe_apply_chat_template with the generation prompt)."""
+    from vllm.config import ModelConfig
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.renderers.chat_utils import parse_chat_messages
+    from vllm.renderers.hf import resolve_chat_template_content_format, safe_apply_chat_template
+
+    config = ModelConfig(model=str(model_dir), tokenizer=str(model_dir))
+    template = tokenizer.chat_template
+    parsed = ChatCompletionRequest(model=MODEL, messages=json.loads(json.dumps(messages))).messages
+    content_format = resolve_chat_template_content_format(template, None, "auto", tokenizer, model_config=config)
+    conversation, _, _ = parse_chat_messages(parsed, config, content_format)
+    return safe_apply_chat_template(
+        config, tokenizer, conversation, chat_template=template, tokenize=False, add_generation_prompt=True
+    )
+
+
+def test_assistant_tool_calls_and_tool_results_reach_the_engine_rendered_as_vllm_renders_them(tmp_path):
+    tokenizer = tiny_tokenizer(tmp_path, HERMES_TOKENS)
+    tokenizer.chat_template = HERMES_TOOL_TEMPLATE
+    fe = make_frontend(max_model_len=512, tokenizer=tokenizer)
     messages = [
-        {"role": "user", "content": "hi"},
-        {"role": "assistant", "tool_calls": [{"id": "c1", "function": {"name": "get_time", "arguments": "{}"}}]},
-        {"role": "tool", "tool_call_id": "c1", "content": "noon"},
+        {"role": "user", "content": "weather in Oslo, and the time?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}},
+                {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}},
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
+        {"role": "tool", "tool_call_id": "c2", "content": "noon"},
     ]
-    r = post(fe, "/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 1})
-    assert r.status_code == 200
+    assert post(fe, "/v1/chat/completions", {"model": MODEL, "messages": messages, "max_tokens": 1}).status_code == 200
+    theirs = _prompt_vllms_server_renders(tmp_path, tokenizer, messages)
+    # The calls and their results are in the prompt, each argument string as the object the template dumps.
+    assert (
+        "<|im_start|>assistant"
+        '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+        '\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\nnoon\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n"
+    ) in theirs
+    # Both engines are asked for exactly that prompt: vLLM's text, tokenized as vLLM's server tokenizes a chat.
+    (prefilled,), (decoded,) = fe.prefill.prefills, fe.decode.generates
+    seen = decoded.prompt_token_ids
+    assert tokenizer.decode(seen) == theirs
+    assert seen == tuple(tokenizer.encode(theirs, add_special_tokens=False)) and prefilled.prompt_token_ids == seen
 
 
 def test_auto_tool_choice_is_refused_with_the_reason():

@@ -1,61 +1,154 @@
-"""The vLLM adapter's folding of per-step engine stats into counters, fed with
-the shapes vLLM 0.32 reports (scheduler stats, NIXL connector stats,
-iteration stats)."""
+"""The vLLM adapter's folding of per-step engine stats into counters, fed vLLM 0.32's own stats
+objects: `SchedulerStats` carrying the NIXL connector's stats as the scheduler ships them,
+and `IterationStats` filled by vLLM's update methods from engine-core outputs, so a renamed
+or re-meant vLLM field fails here rather than reading as zero in production."""
 
 from __future__ import annotations
 
 import re
-from types import SimpleNamespace
+from dataclasses import dataclass
 
 import pytest
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats
+from vllm.v1.engine import EngineCoreOutput, FinishReason
+from vllm.v1.metrics.loggers import PerEngineStatLoggerAdapter
+from vllm.v1.metrics.stats import IterationStats, LoRARequestStates, PrefillStats, RequestStateStats, SchedulerStats
 
 from orchestrator.config import NetworkConfig, VllmEngineConfig
 from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats
-from orchestrator.engines.vllm_engine import _StatsSink, process_env
+from orchestrator.engines.vllm_engine import _stat_logger_factory, _StatsSink, process_env
 
 
-def _scheduler(running=0, waiting=0, usage=0.0, nixl=None):
-    return SimpleNamespace(
-        num_running_reqs=running, num_waiting_reqs=waiting, kv_cache_usage=usage, kv_connector_stats=nixl
+def _engine_stat_logger(sink: _StatsSink) -> PerEngineStatLoggerAdapter:
+    """Our stat logger as AsyncLLM holds it: vLLM wraps each `stat_loggers` factory in this
+    per-engine adapter (which hands the config to the factory untouched) and calls its
+    `record` once per engine step."""
+    return PerEngineStatLoggerAdapter(
+        vllm_config=None, engine_indexes=[0], per_engine_stat_logger_factory=_stat_logger_factory(sink)
     )
 
 
-def _finished(tokens: int, decode_s: float):
-    return SimpleNamespace(num_generation_tokens=tokens, decode_time=decode_s)
+@dataclass(frozen=True)
+class _NixlTelemetry:
+    """What `NixlKVConnectorStats.record_transfer` reads of one transfer: nixl's `nixlXferTelemetry`,
+    whose fields are read-only and filled only by a real transfer (durations in microseconds)."""
+
+    xferDuration: float
+    postDuration: float
+    totalBytes: int
+    descCount: int
 
 
-def _iteration(computed=0, local=0, external=0, generated=0, finished=()):
-    prompt = SimpleNamespace(computed=computed, local_cache_hit=local, external_kv_transfer=external)
-    return SimpleNamespace(prompt_token_stats=prompt, num_generation_tokens=generated, finished_requests=list(finished))
+def _nixl_payload(transfers=(), failed_transfers=0, failed_handshakes=0, failed_notifications=0, expired=0):
+    """The NIXL connector's stats for one step, as the scheduler puts them in `SchedulerStats`:
+    recorded through the connector's own methods, then `to_dict()`. `transfers`: (seconds, bytes);
+    `expired`: requests whose KV expired on the prefill side, each with a notification arriving after."""
+    stats = NixlKVConnectorStats()
+    for seconds, nbytes in transfers:
+        stats.record_transfer(_NixlTelemetry(seconds * 1e6, 5.0, nbytes, 4))
+    for _ in range(failed_transfers):
+        stats.record_failed_transfer()
+    for _ in range(failed_handshakes):
+        stats.record_failed_handshake()
+    for _ in range(failed_notifications):
+        stats.record_failed_notification()
+    for _ in range(expired):
+        stats.record_kv_expired_req()
+        stats.record_notification_after_expiry()
+    return stats.to_dict()
+
+
+class _Request:
+    """One request's stats as vLLM's output processor keeps them between engine steps: its
+    `RequestStateStats`, and whether its next output is the one that ends its prefill."""
+
+    def __init__(self, request_id: str, prompt: int, local_cache_hit: int = 0, transferred: int = 0) -> None:
+        self.request_id = request_id
+        self.prefill = PrefillStats()
+        self.prefill.set(prompt, local_cache_hit, transferred)
+        self.stats = RequestStateStats(arrival_time=0.0)
+        self.prefilling = True
+
+    def emits(self, iteration: IterationStats, at: float, tokens: int = 1) -> None:
+        """An engine-core output of `tokens` new tokens stamped `at` (engine-core time), folded into
+        `iteration` by vLLM; the first carries the prefill's breakdown of the prompt."""
+        output = EngineCoreOutput(
+            request_id=self.request_id,
+            new_token_ids=list(range(tokens)),
+            prefill_stats=self.prefill if self.prefilling else None,
+        )
+        iteration.update_from_output(output, at, self.prefilling, self.stats, LoRARequestStates(), None)
+        self.prefilling = False
+
+    def finishes(self, iteration: IterationStats, reason: FinishReason = FinishReason.LENGTH) -> None:
+        """vLLM's `FinishedRequestStats` for this request, appended to `iteration`."""
+        iteration.update_from_finished_request(
+            reason, self.request_id, self.prefill.num_prompt_tokens, None, self.stats
+        )
 
 
 def test_sink_keeps_latest_gauges_and_sums_counters():
+    """Gauges are the last scheduler stats reported (a step without them keeps them); counters sum
+    every step's prompt breakdown, generated tokens, finished requests and NIXL transfers, whose
+    failures are the transfer, handshake and notification failures vLLM itself groups as failed
+    transfers (KV expiry is not one)."""
     sink = _StatsSink()
-    nixl = {
-        "transfer_duration": [0.01, 0.02],
-        "bytes_transferred": [1000, 3000],
-        "num_failed_transfers": [1],
-        "num_failed_handshakes": [],
-        "num_failed_notifications": [1],
-    }
-    sink.record(
-        _scheduler(running=2, waiting=1, usage=0.25, nixl=nixl), _iteration(computed=1, external=299, generated=2)
+    logger = _engine_stat_logger(sink)
+    remote = _Request("remote", prompt=300, transferred=299)  # its KV pulled from a prefill engine
+    cached = _Request("cached", prompt=40, local_cache_hit=32)
+    short = _Request("short", prompt=5)
+    aborted = _Request("aborted", prompt=7)  # waits, then is cancelled before its first token
+
+    step = IterationStats()
+    remote.emits(step, at=10.00)
+    cached.emits(step, at=10.00)
+    nixl = _nixl_payload(
+        transfers=[(0.01, 1000), (0.02, 3000)],
+        failed_transfers=1,
+        failed_handshakes=2,
+        failed_notifications=3,
+        expired=4,
     )
-    sink.record(_scheduler(running=1, usage=0.1), _iteration(local=32, generated=1, finished=[_finished(3, 0.02)]))
-    sink.record(None, _iteration(finished=[_finished(1, 0.0), _finished(5, 0.08)]))
-    sink.record(None, None)
+    logger.record(
+        SchedulerStats(num_running_reqs=2, num_waiting_reqs=2, kv_cache_usage=0.25, kv_connector_stats=nixl), step
+    )
+
+    step = IterationStats()
+    remote.emits(step, at=10.01)
+    cached.emits(step, at=10.01)
+    logger.record(SchedulerStats(num_running_reqs=3, num_waiting_reqs=1, kv_cache_usage=0.3), step)
+
+    step = IterationStats()
+    remote.emits(step, at=10.03)
+    remote.finishes(step)
+    cached.emits(step, at=10.03)
+    short.emits(step, at=10.03)
+    short.finishes(step, FinishReason.STOP)
+    aborted.finishes(step, FinishReason.ABORT)
+    # Two new requests queue behind the one left running.
+    logger.record(SchedulerStats(num_running_reqs=1, num_waiting_reqs=2, kv_cache_usage=0.1), step)
+
+    step = IterationStats()
+    cached.emits(step, at=10.05, tokens=2)  # a step may carry more than one token of a request
+    cached.finishes(step)
+    logger.record(None, step)
+    logger.record(None, None)
+
     s = sink.snapshot()
-    assert (s.num_running, s.num_waiting, s.kv_cache_usage) == (1, 0, 0.1)
+    assert (s.num_running, s.num_waiting, s.kv_cache_usage) == (1, 2, 0.1)
     assert s.kv_transfers_total == 2 and s.kv_transfer_bytes_total == 4000
-    assert abs(s.kv_transfer_seconds_total - 0.03) < 1e-9 and s.kv_transfer_failures_total == 2
+    assert s.kv_transfer_seconds_total == pytest.approx(0.03)
+    assert s.kv_transfer_failures_total == 1 + 2 + 3
     assert (s.prompt_tokens_computed_total, s.prompt_tokens_transferred_total, s.prompt_tokens_local_cache_total) == (
-        1,
+        1 + 8 + 5,
         299,
         32,
     )
-    assert s.generation_tokens_total == 3 and s.requests_finished_total == 3
-    # Engine-side decode: tokens after each request's first, and the time they took.
-    assert s.decode_tokens_total == 2 + 0 + 4 and abs(s.decode_seconds_total - 0.1) < 1e-9
+    assert s.generation_tokens_total == 3 + 5 + 1 and s.requests_finished_total == 4
+    # Engine-side decode: each finished request's tokens after its first (none for one aborted
+    # before it had any), and the engine-core time from its first token to its last.
+    assert s.decode_tokens_total == 2 + 4 + 0 + 0
+    assert s.decode_seconds_total == pytest.approx(0.03 + 0.05)
 
 
 def test_stats_and_info_survive_the_dict_round_trip():

@@ -1,19 +1,28 @@
 """The experiments' shared launch and report helpers (benchmarks/launch.py, benchmarks/report.py, the table
-writer in tools/report.py): pure functions, no servers."""
+writer in tools/report.py): pure functions, and our app's launcher up to the process boundary (what it would run,
+and a stand-in for `serve run`); no Ray."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import json
+import os
+import pkgutil
+import signal
+import socket
 import subprocess
 import sys
+import types
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
 
 from benchmarks import launch, report
+from orchestrator.config import AppConfig
 
 RESULTS = launch.RESULTS
 
@@ -144,84 +153,181 @@ def test_the_dynamo_shim_file_installs_its_import_hook_and_qwen2_vl_s_rule():
     assert out.stdout.split(maxsplit=1) == ["_Finder", "(112, 308)\n"]
 
 
-class _Config:
-    """What `launch.ours` reads of an AppConfig."""
+# A stand-in for `serve run CONFIG`: it reads the Serve config the launcher wrote and answers
+# GET <route_prefix>/health for each of its applications on the listening socket it inherits (fd argv[1]), writing
+# each request to stderr; SIGINT ends it cleanly, as it ends serve run.
+SERVE_RUN_STAND_IN = """
+import http.server, socket, sys, yaml
+listening = socket.socket(fileno=int(sys.argv[1]))
+config = yaml.safe_load(open(sys.argv[2]))
+healthy = {app["route_prefix"].rstrip("/") + "/health" for app in config["applications"]}
 
-    def __init__(self, name: str) -> None:
-        self.name = name
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path in healthy else 404)
+        self.end_headers()
 
-    def model_dump(self, mode: str) -> dict:
-        return {"model": {"name": self.name}}
+server = http.server.HTTPServer(listening.getsockname(), Health, bind_and_activate=False)
+server.socket.close()
+server.socket = listening
+try:
+    server.serve_forever()
+except KeyboardInterrupt:
+    pass
+"""
+# The launcher's wait for health: the stand-in answers the first check; a URL it does not serve fails in this time.
+HEALTHY_WITHIN_S = 30
+INGRESS_SWITCHES = {"RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"}
 
 
-class _Proc:
-    pid = 12345
-    args = ["serve", "run"]
+@dataclass
+class Ran:
+    """A command the launcher ran to completion (`ray start`, `ray stop`): not run here."""
 
-    def poll(self):
-        return None
+    argv: list[str]
+    env: dict[str, str] | None
 
 
-def test_our_app_through_serve_run_starts_ray_then_serve_run_and_stops_both(monkeypatch, tmp_path):
-    import yaml
+@dataclass
+class Served:
+    """The `serve run` the launcher started: its command, how it was started, the Serve config it was given, and
+    the stand-in process that runs in its place."""
 
-    events, configs = [], []
-    monkeypatch.delenv("RAY_SERVE_ENABLE_HA_PROXY", raising=False)
+    argv: list[str]
+    how: dict
+    config: dict
+    proc: subprocess.Popen
 
-    def run(cmd, **kw):
-        events.append(("run", [Path(cmd[0]).name, *cmd[1:]], kw.get("env", {}).get("RAY_SERVE_ENABLE_HA_PROXY")))
 
-    def popen(cmd, **kw):
-        configs.append(yaml.safe_load(Path(cmd[-1]).read_text()))
-        events.append(("popen", [Path(cmd[0]).name, *cmd[1:-1]], kw["cwd"], kw["env"].get("RAY_SERVE_ENABLE_HA_PROXY")))
-        return _Proc()
+@dataclass
+class ProcessBoundary:
+    """The launcher's side of subprocess: what it runs and starts, recorded."""
 
-    monkeypatch.setattr(launch.subprocess, "run", run)
-    monkeypatch.setattr(launch.subprocess, "Popen", popen)
-    monkeypatch.setattr(launch.time, "sleep", lambda s: None)
-    monkeypatch.setattr(launch, "wait_healthy", lambda url, timeout_s, procs, log: events.append(("wait", url)))
-    monkeypatch.setattr(launch, "stop", lambda *procs, wait_s: events.append(("stop", wait_s)))
-    monkeypatch.setattr("deployments.ingress.stop_orphaned_haproxy", lambda: events.append("haproxy"))
-    with launch.ours(_Config("m"), tmp_path / "serve.log", port=8123) as url:
-        assert url == "http://127.0.0.1:8123"
-    assert configs == [
-        {
-            "proxy_location": "HeadOnly",
-            "http_options": {"host": "127.0.0.1", "port": 8123},
-            "applications": [
-                {
-                    "name": "orchestrator",
-                    "route_prefix": "/",
-                    "import_path": "deployments.app:build_app",
-                    "args": {"model": {"name": "m"}},
-                }
-            ],
-        }
+    ran: list[Ran] = field(default_factory=list)
+    served: list[Served] = field(default_factory=list)
+
+    def run(self, argv, **how):
+        self.ran.append(Ran(argv, how.get("env")))
+        return subprocess.CompletedProcess(argv, 0, b"", b"")
+
+    def popen(self, argv, **how):
+        import yaml
+
+        config = yaml.safe_load(Path(argv[-1]).read_text())
+        http = config["http_options"]
+        # Bound before the stand-in starts: the launcher's first health check waits in the backlog, not in a retry.
+        with socket.create_server((http["host"], http["port"])) as listening:
+            fd = listening.fileno()
+            proc = subprocess.Popen(
+                [sys.executable, "-c", SERVE_RUN_STAND_IN, str(fd), argv[-1]], pass_fds=(fd,), **how
+            )
+        self.served.append(Served(argv, how, config, proc))
+        return proc
+
+
+@pytest.fixture
+def boundary(monkeypatch):
+    """The launcher's subprocess.run / Popen go through a ProcessBoundary (the module as the launcher alone sees it);
+    the ingress switches start unset."""
+    recorded = ProcessBoundary()
+    seen = types.SimpleNamespace(**{**vars(subprocess), "run": recorded.run, "Popen": recorded.popen})
+    monkeypatch.setattr(launch, "subprocess", seen)
+    for name in INGRESS_SWITCHES:
+        monkeypatch.delenv(name, raising=False)
+    yield recorded
+    for served in recorded.served:
+        if served.proc.poll() is None:
+            served.proc.kill()
+            served.proc.wait()
+
+
+@pytest.fixture
+def orphaned_haproxy(monkeypatch):
+    """A process of this test's own that the process table shows as a Serve HAProxy whose Ray instance went away
+    (the only one: the machine's other processes are not this test's to stop)."""
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+    cmdline = ["haproxy", "-f", "/tmp/haproxy-serve/haproxy.cfg"]
+    entry = types.SimpleNamespace(info={"pid": proc.pid, "ppid": 1, "cmdline": cmdline})
+    monkeypatch.setattr(psutil, "process_iter", lambda attrs: [entry])
+    yield proc
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def _changed_env(env: dict[str, str] | None) -> dict[str, str]:
+    """What an environment the launcher passes sets beyond this process's own (None: it inherits this one)."""
+    return {k: v for k, v in (env or {}).items() if os.environ.get(k) != v}
+
+
+def test_our_app_is_served_from_the_serve_config_written_with_ray_started_and_the_ingress_on(
+    boundary, orphaned_haproxy, tmp_path
+):
+    cfg = launch.app_args("disagg-cpu.yaml", decode_pool__replicas=2)
+    log = tmp_path / "serve.log"
+    with launch.ours(cfg, log, timeout_s=HEALTHY_WITHIN_S) as url:
+        (served,) = boundary.served
+        port = served.config["http_options"]["port"]
+        assert url == f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{url}/health").status_code == 200  # the app the config routes at / answers there
+    ray, serve = str(launch.VENV_BIN / "ray"), str(launch.VENV_BIN / "serve")
+    ray_start, ray_stop = boundary.ran
+    assert ray_start.argv == [ray, "start", "--head", "--num-cpus", "8", "--include-dashboard", "false"]
+    config_path = served.argv[-1]
+    assert served.argv == [serve, "run", "--address", "auto", config_path]
+    assert served.config == {
+        "proxy_location": "HeadOnly",
+        "http_options": {"host": "127.0.0.1", "port": port},
+        "applications": [
+            {
+                "name": "orchestrator",
+                "route_prefix": "/",
+                "import_path": "deployments.app:build_app",
+                "args": cfg.model_dump(mode="json"),
+            }
+        ],
+    }
+    # Serve imports the builder from the repository root and validates the args by its annotation: they read back
+    # as the very config.
+    (app,) = served.config["applications"]
+    (parameter,) = inspect.signature(pkgutil.resolve_name(app["import_path"])).parameters.values()
+    assert parameter.annotation is AppConfig and AppConfig.model_validate(app["args"]) == cfg
+    # The ingress switches reach Ray's processes through the environment both commands start with.
+    switches = _changed_env(ray_start.env)
+    assert set(switches) == INGRESS_SWITCHES and switches["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    assert _changed_env(served.how["env"]) == switches
+    assert (served.how["cwd"], served.how["start_new_session"]) == (launch.ROOT, True)
+    # Stopped: serve run by SIGINT to its group, then `ray stop --force`, then the HAProxy it leaves orphaned.
+    assert served.proc.returncode == 0 and ray_stop == Ran([ray, "stop", "--force"], None)
+    assert orphaned_haproxy.wait(timeout=30) == -signal.SIGTERM
+    assert "GET /health" in log.read_text() and not Path(config_path).exists()
+
+
+def test_several_apps_share_one_serve_config_each_at_its_route_without_ray_start_or_the_ingress(
+    boundary, orphaned_haproxy
+):
+    agg, disagg = launch.app_args("agg-cpu.yaml"), launch.app_args("disagg-cpu.yaml")
+    port = launch.free_port()
+    apps = {"agg": agg, "disagg": disagg}
+    with launch.ours(apps, ingress=False, ray_start=False, port=port, timeout_s=HEALTHY_WITHIN_S) as urls:
+        assert urls == {"agg": f"http://127.0.0.1:{port}/agg", "disagg": f"http://127.0.0.1:{port}/disagg"}
+        assert [httpx.get(f"{u}/health").status_code for u in urls.values()] == [200, 200]
+    (served,) = boundary.served
+    assert served.argv[:-1] == [str(launch.VENV_BIN / "serve"), "run"]  # serve run starts a Ray of its own
+    assert served.config["http_options"] == {"host": "127.0.0.1", "port": port}
+    assert [(a["name"], a["route_prefix"], a["args"]) for a in served.config["applications"]] == [
+        ("agg", "/agg", agg.model_dump(mode="json")),
+        ("disagg", "/disagg", disagg.model_dump(mode="json")),
     ]
-    assert events == [
-        ("run", ["ray", "start", "--head", "--num-cpus", "8", "--include-dashboard", "false"], "1"),
-        ("popen", ["serve", "run", "--address", "auto"], launch.ROOT, "1"),
-        ("wait", "http://127.0.0.1:8123/health"),
-        ("stop", 60),
-        ("run", ["ray", "stop", "--force"], None),
-        "haproxy",
-    ]
-
-    events.clear()
-    with launch.ours({"a": _Config("a")}, ingress=False, ray_start=False, port=8124, stop_wait_s=120) as urls:
-        assert urls == {"a": "http://127.0.0.1:8124/a"}
-    assert configs[-1]["applications"][0]["route_prefix"] == "/a"
-    assert events == [
-        ("popen", ["serve", "run"], launch.ROOT, None),
-        ("wait", "http://127.0.0.1:8124/a/health"),
-        ("stop", 120),
-        ("run", ["ray", "stop", "--force"], None),
-    ]
+    assert _changed_env(served.how["env"]) == {}  # no ingress switches: Serve's own proxy
+    assert served.proc.returncode == 0
+    assert boundary.ran == [Ran([str(launch.VENV_BIN / "ray"), "stop", "--force"], None)]
+    assert orphaned_haproxy.poll() is None  # without our ingress, no HAProxy of ours to end
 
 
 def test_our_apps_in_process_share_one_serve_instance_started_with_the_ingress(monkeypatch):
-    import types
-
     events = []
     serve = types.SimpleNamespace(
         start=lambda http_options: events.append(("start", http_options)),
