@@ -4,6 +4,8 @@ with the YAML's `args`, validated as an `AppConfig` by Serve."""
 # No `from __future__ import annotations` here: Serve reads build_app's
 # parameter annotation as a class to validate `args` with.
 
+import secrets
+
 from ray.serve import Application
 from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouterConfig
 
@@ -104,7 +106,7 @@ def _pool(name: str, pool: PoolConfig, config: AppConfig):
     )
 
 
-def _group_pools(config: AppConfig) -> dict:
+def _group_pools(config: AppConfig, wire_secret: str) -> dict:
     """Each further pool group's deployments, bound: group name -> [decode, prefill or None].
     A group's replicas get the application's config with the group's pools as
     the top-level ones (`AppConfig.for_group`), so EngineReplica reads them as usual."""
@@ -112,11 +114,13 @@ def _group_pools(config: AppConfig) -> dict:
     for group in config.pool_groups:
         args = config.for_group(group.name).model_dump(mode="json")
         decode_role = EngineRole.DECODE if group.prefill_pool is not None else EngineRole.AGGREGATED
-        decode = _pool(f"{group.name}_decode_pool", group.decode_pool, config).bind(args, decode_role.value)
+        decode = _pool(f"{group.name}_decode_pool", group.decode_pool, config).bind(
+            args, decode_role.value, wire_secret=wire_secret
+        )
         prefill = None
         if group.prefill_pool is not None:
             prefill = _pool(f"{group.name}_prefill_pool", group.prefill_pool, config).bind(
-                args, EngineRole.PREFILL.value
+                args, EngineRole.PREFILL.value, wire_secret=wire_secret
             )
         groups[group.name] = [decode, prefill]
     return groups
@@ -128,11 +132,14 @@ def build_app(config: AppConfig) -> Application:
     anything, so a config can be checked offline."""
     check_app(config)
     args = config.model_dump(mode="json")
+    # The data plane's secret: made here, at each deploy, and handed to every replica and frontend of this
+    # application alone (their init arguments), never logged; replicas serve only peers that prove it.
+    wire_secret = secrets.token_hex(32)
     disaggregated = config.mode is ServingMode.DISAGGREGATED
     decode_role = EngineRole.DECODE if disaggregated else EngineRole.AGGREGATED
-    decode = _pool("decode_pool", config.decode_pool, config).bind(args, decode_role.value)
+    decode = _pool("decode_pool", config.decode_pool, config).bind(args, decode_role.value, wire_secret=wire_secret)
     prefill = (
-        _pool("prefill_pool", config.prefill_pool, config).bind(args, EngineRole.PREFILL.value)
+        _pool("prefill_pool", config.prefill_pool, config).bind(args, EngineRole.PREFILL.value, wire_secret=wire_secret)
         if disaggregated
         else None
     )
@@ -143,5 +150,5 @@ def build_app(config: AppConfig) -> Application:
         ray_actor_options={"num_cpus": config.frontend.num_cpus, "runtime_env": {"env_vars": REPLICA_ENV}},
     )
     if config.pool_groups:
-        return frontend.bind(args, decode, prefill, _group_pools(config))
-    return frontend.bind(args, decode, prefill)
+        return frontend.bind(args, decode, prefill, _group_pools(config, wire_secret), wire_secret=wire_secret)
+    return frontend.bind(args, decode, prefill, wire_secret=wire_secret)

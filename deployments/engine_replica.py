@@ -14,7 +14,7 @@ from ray import serve
 from deployments.process_priority import set_niceness
 from orchestrator.config import AppConfig, DataPlane, PlannerMode
 from orchestrator.engines import create_engine
-from orchestrator.engines.base import EngineRole
+from orchestrator.engines.base import EngineRole, EngineStats
 from orchestrator.engines.ports import listen_port
 from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
 from orchestrator.planner.observer import ReplicaLoadWindow
@@ -33,7 +33,8 @@ class EngineReplica:
     `frontend.data_plane: direct`, over its own data-plane port (published in
     its EngineInfo as `stream_port`), through the same methods."""
 
-    async def __init__(self, config: dict[str, Any], role: str) -> None:
+    async def __init__(self, config: dict[str, Any], role: str, *, wire_secret: str) -> None:
+        """`wire_secret`: the application's data-plane secret (hex), which peers must prove."""
         app = AppConfig.model_validate(config)
         # Before the engine's processes are spawned: they inherit it.
         self.niceness = set_niceness(app.serving_niceness)
@@ -52,7 +53,7 @@ class EngineReplica:
         self.info = await self.engine.start()
         self.streams: StreamServer | None = None
         if app.frontend.data_plane is DataPlane.DIRECT:
-            self.streams = StreamServer(self)
+            self.streams = StreamServer(self, bytes.fromhex(wire_secret))
             port = await self.streams.start(host, listen_port(host))
             self.info = dataclasses.replace(self.info, stream_port=port)
         log.info("%s replica %s ready at nice %d: %s", self.role.value, self.replica_id, self.niceness, self.info)
@@ -104,8 +105,13 @@ class EngineReplica:
     def engine_info(self) -> dict[str, Any]:
         return {"replica_id": self.replica_id, **self.info.to_dict()}
 
+    def _stats(self) -> EngineStats:
+        """The engine's stats, with the data-plane connections this replica closed."""
+        refused = sum(self.streams.refused.values()) if self.streams is not None else 0
+        return dataclasses.replace(self.engine.stats(), data_plane_refused_total=refused)
+
     def stats(self) -> dict[str, Any]:
-        return {"replica_id": self.replica_id, **self.engine.stats().to_dict()}
+        return {"replica_id": self.replica_id, **self._stats().to_dict()}
 
     def record_replica_metadata(self) -> dict[str, Any]:
         """Published once to every router of this pool (Serve replica metadata)."""
@@ -119,7 +125,7 @@ class EngineReplica:
 
     def record_routing_stats(self) -> dict[str, Any]:
         """Polled by Serve every `request_routing_stats_period_s` and pushed to routers."""
-        return self.engine.stats().to_dict()
+        return self._stats().to_dict()
 
     async def check_health(self) -> None:
         await self.engine.check_health()

@@ -35,15 +35,19 @@ class Frontend:
         decode_pool: DeploymentHandle,
         prefill_pool: DeploymentHandle | None = None,
         pool_groups: dict[str, list[DeploymentHandle | None]] | None = None,
+        *,
+        wire_secret: str,
     ) -> None:
-        """`pool_groups`: further groups' handles, group name -> [decode, prefill or None]."""
+        """`pool_groups`: further groups' handles, group name -> [decode, prefill or None]; `wire_secret`: the
+        application's data-plane secret (hex), proved to every replica."""
         app = AppConfig.model_validate(config)
         self.config = app
         set_niceness(app.serving_niceness)
         handles = {PRIMARY_GROUP: (decode_pool, prefill_pool)}
         handles.update({name: (pair[0], pair[1]) for name, pair in (pool_groups or {}).items()})
         # One data-plane connection per replica, shared by every pool and request.
-        self.streams = ReplicaStreams() if app.frontend.data_plane is DataPlane.DIRECT else None
+        direct = app.frontend.data_plane is DataPlane.DIRECT
+        self.streams = ReplicaStreams(bytes.fromhex(wire_secret)) if direct else None
         fallbacks = DirectPathFallbacks()
         groups = {
             name: PoolGroup(

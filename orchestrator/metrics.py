@@ -46,6 +46,11 @@ _ENGINE_COUNTERS = (
     ("kv_transfer_failures_total", "kv_transfer_failures", "Failed KV transfers or handshakes."),
     ("kv_transfer_bytes_total", "kv_transfer_bytes", "Bytes of KV read from prefill replicas."),
     ("kv_transfer_seconds_total", "kv_transfer_seconds", "Time spent in KV transfers."),
+    (
+        "data_plane_refused_total",
+        "data_plane_refused_connections",
+        "Data-plane connections the replica closed: wrong or missing proof, over its limits, protocol errors.",
+    ),
 )
 _ENGINE_GAUGES = (
     ("num_running", "engine_running_requests", "Requests in the engine's running batch."),

@@ -137,6 +137,9 @@ class EngineStats:
     kv_transfer_failures_total: int = 0
     kv_transfer_bytes_total: int = 0
     kv_transfer_seconds_total: float = 0.0
+    # Connections the replica's data-plane server closed: a wrong, missing or late proof, past its connection
+    # limit, or a protocol error. Counted by the replica (deployments/engine_replica.py), not the engine.
+    data_plane_refused_total: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,7 +1,9 @@
 """The frontend's end of the direct data plane.
 
 `ReplicaStreams` holds one connection per replica address, opened on first
-use and again after it breaks. Each call is one stream on it:
+use and again after it breaks, and usable once it has answered the replica's
+CHALLENGE with the proof of the application's secret. Each call is one stream
+on it:
 
     generate(req):  GENERATE; yield chunks as they arrive, merged into one
                     while the consumer lags (no token lost, fewer events);
@@ -21,7 +23,7 @@ from typing import Any
 
 from orchestrator.engines.base import EngineError, EngineRequestRejected
 from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
-from orchestrator.wire.frames import ErrorKind, FrameReader, Op, ProtocolError, encode
+from orchestrator.wire.frames import ErrorKind, FrameReader, Op, ProtocolError, encode, proof
 
 _END = object()
 
@@ -59,10 +61,13 @@ class _Stream:
 
 
 class _Connection(asyncio.Protocol):
-    def __init__(self) -> None:
+    def __init__(self, secret: bytes) -> None:
         self.streams: dict[int, _Stream] = {}
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        # Done once the proof is sent (the connection serves from then), or failed with why it cannot.
+        self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._secret = secret
         self._reader = FrameReader(self._on_frame)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -81,10 +86,19 @@ class _Connection(asyncio.Protocol):
         self.closed = True
         if self.transport is not None:
             self.transport.close()
+        if not self.ready.done():
+            self.ready.set_exception(error)
         for stream in self.streams.values():
             stream.put(error)
 
     def _on_frame(self, op: Op, stream_id: int, payload: Any) -> None:
+        if op is Op.CHALLENGE:
+            if self.ready.done():
+                raise ProtocolError("a second CHALLENGE")
+            assert self.transport is not None
+            self.transport.write(encode(Op.AUTH, 0, proof(self._secret, payload)))
+            self.ready.set_result(None)
+            return
         stream = self.streams.get(stream_id)
         if stream is None:
             return  # a stream this side already closed
@@ -106,9 +120,13 @@ class _Connection(asyncio.Protocol):
 
 
 class ReplicaStreams:
-    """Connections to replicas by (host, port); safe for many concurrent calls."""
+    """Connections to replicas by (host, port), proving `secret` (the application's data-plane secret);
+    safe for many concurrent calls."""
 
-    def __init__(self, connect_timeout_s: float = 5.0) -> None:
+    def __init__(self, secret: bytes, connect_timeout_s: float = 5.0) -> None:
+        if not secret:
+            raise ValueError("the data plane needs the application's secret")
+        self.secret = secret
         self.connect_timeout_s = connect_timeout_s
         self._connections: dict[tuple[str, int], _Connection] = {}
         self._connecting: dict[tuple[str, int], asyncio.Future] = {}
@@ -127,9 +145,14 @@ class ReplicaStreams:
 
     async def _open(self, address: tuple[str, int]) -> _Connection:
         loop = asyncio.get_running_loop()
+        conn: _Connection | None = None
         try:
-            _, conn = await asyncio.wait_for(loop.create_connection(_Connection, *address), self.connect_timeout_s)
-        except (TimeoutError, OSError) as e:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, conn = await loop.create_connection(lambda: _Connection(self.secret), *address)
+                await conn.ready
+        except (TimeoutError, OSError, EngineError) as e:
+            if conn is not None and conn.transport is not None:
+                conn.transport.close()
             raise EngineError(f"cannot reach replica at {address[0]}:{address[1]}: {e!r}") from e
         self._connections[address] = conn
         return conn

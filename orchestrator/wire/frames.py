@@ -1,9 +1,13 @@
 """Frames of the direct data plane and their codec.
 
     frame   = u32 big-endian length, then msgpack [op, stream_id, payload]
-    client  GENERATE(EngineRequest) | PREFILL(EngineRequest) | CANCEL(nil)
-    server  CHUNKS([EngineChunk, ...]) | RESULT(PrefillResult) | END(nil) | ERROR([kind, message])
+    client  AUTH(proof) | GENERATE(EngineRequest) | PREFILL(EngineRequest) | CANCEL(nil)
+    server  CHALLENGE(nonce) | CHUNKS([EngineChunk, ...]) | RESULT(PrefillResult) | END(nil)
+            | ERROR([kind, message])
 
+A connection opens with the server's CHALLENGE (a fresh random nonce, stream 0) and the client's AUTH
+(`proof(secret, nonce)`, stream 0): the server takes no other frame before a valid proof, and closes the
+connection on a wrong or missing one. A new stream's id is above every id the connection used before.
 Payloads are the boundary dataclasses of `orchestrator.messages`, decoded
 into their types (msgspec checks every field): a peer can send nothing but
 these. A stream ends with exactly one of END (after CHUNKS), RESULT or ERROR.
@@ -12,6 +16,8 @@ these. A stream ends with exactly one of END (after CHUNKS), RESULT or ERROR.
 from __future__ import annotations
 
 import enum
+import hashlib
+import hmac
 import struct
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +31,10 @@ HEADER = struct.Struct(">I")
 MAX_FRAME_BYTES = 64 * 2**20
 
 
+NONCE_BYTES = 32
+_PROOF_CONTEXT = b"orchestrator-wire-v1"
+
+
 class Op(enum.IntEnum):
     GENERATE = 1
     PREFILL = 2
@@ -33,6 +43,8 @@ class Op(enum.IntEnum):
     RESULT = 12
     END = 13
     ERROR = 14
+    CHALLENGE = 21
+    AUTH = 22
 
 
 class ErrorKind(str, enum.Enum):
@@ -55,7 +67,18 @@ _payload_decoders: dict[Op, msgspec.msgpack.Decoder] = {
     Op.RESULT: msgspec.msgpack.Decoder(PrefillResult),
     Op.END: msgspec.msgpack.Decoder(None),
     Op.ERROR: msgspec.msgpack.Decoder(tuple[ErrorKind, str]),
+    Op.CHALLENGE: msgspec.msgpack.Decoder(bytes),
+    Op.AUTH: msgspec.msgpack.Decoder(bytes),
 }
+
+
+def proof(secret: bytes, nonce: bytes) -> bytes:
+    """What a client sends for the server's nonce: HMAC-SHA256 of the nonce under the app's secret."""
+    return hmac.new(secret, _PROOF_CONTEXT + nonce, hashlib.sha256).digest()
+
+
+def proves(secret: bytes, nonce: bytes, claimed: bytes) -> bool:
+    return hmac.compare_digest(proof(secret, nonce), claimed)
 
 
 def encode(op: Op, stream_id: int, payload: Any = None) -> bytes:

@@ -1,25 +1,35 @@
 """The replica's end of the direct data plane.
 
-    connection:  GENERATE id req -> task: for chunk in handler.generate(req): CHUNKS id [chunk]; END id
+    connection:  past `max_connections` -> closed at once (counted)
+                 CHALLENGE 0 nonce; AUTH 0 proof -> the connection serves, or is closed (counted) on a wrong
+                 proof, on any other frame first, or with none within `auth_timeout_s`
+                 GENERATE id req -> task: for chunk in handler.generate(req): CHUNKS id [chunk]; END id
                  PREFILL  id req -> task: RESULT id handler.prefill(req)
                  CANCEL   id     -> cancel that task (the engine aborts the request)
+                 past `max_streams` running -> ERROR id (failed: the frontend routes it elsewhere)
                  failure         -> ERROR id (rejected | failed, message)
                  connection lost -> cancel every task of the connection
+    writing:     while the transport's buffer is past `write_buffer_bytes`, streams wait before their next
+                 chunk (the engine's own output merges meanwhile): a stalled reader holds at most that
     drain():     new requests get ERROR draining; wait for the running ones
 
-A frame that does not decode closes its connection and cancels its streams.
+A frame that does not decode, a stream id not above every earlier one of the connection, or a frame a client
+does not send closes its connection and cancels its streams (counted as a protocol error).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import os
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from orchestrator.engines.base import EngineRequestRejected
 from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
-from orchestrator.wire.frames import ErrorKind, FrameReader, Op, ProtocolError, encode
+from orchestrator.wire.frames import NONCE_BYTES, ErrorKind, FrameReader, Op, ProtocolError, encode, proves
 
 log = logging.getLogger(__name__)
 
@@ -30,49 +40,111 @@ class StreamHandler(Protocol):
     async def prefill(self, request: EngineRequest) -> PrefillResult: ...
 
 
+@dataclass(frozen=True)
+class WireLimits:
+    max_connections: int = 256
+    max_streams: int = 1024  # running on one connection
+    write_buffer_bytes: int = 1 << 20  # a connection's unsent bytes past which its streams wait
+    auth_timeout_s: float = 5.0
+
+
+class Refusal:
+    """Why a connection was closed: the keys of `StreamServer.refused`."""
+
+    CONNECTIONS = "connections"  # past max_connections
+    AUTH = "auth"  # wrong, missing or late proof
+    PROTOCOL = "protocol"  # a frame that breaks the protocol after authentication
+
+
 class _Connection(asyncio.Protocol):
     def __init__(self, server: StreamServer) -> None:
         self._server = server
         self._reader = FrameReader(self._on_frame)
         self._tasks: dict[int, asyncio.Task] = {}
         self._transport: asyncio.Transport | None = None
+        self._nonce = os.urandom(NONCE_BYTES)
+        self._authenticated = False
+        self._last_stream_id = 0
+        self._writable = asyncio.Event()
+        self._writable.set()
+        self._auth_deadline: asyncio.TimerHandle | None = None
 
     # -- asyncio.Protocol -----------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = transport  # type: ignore[assignment]
+        if len(self._server.connections) >= self._server.limits.max_connections:
+            self._refuse(Refusal.CONNECTIONS, "too many connections")
+            return
         self._server.connections.add(self)
+        self._transport.set_write_buffer_limits(high=self._server.limits.write_buffer_bytes)
+        self._auth_deadline = asyncio.get_running_loop().call_later(
+            self._server.limits.auth_timeout_s, self._refuse, Refusal.AUTH, "no proof in time"
+        )
+        self._transport.write(encode(Op.CHALLENGE, 0, self._nonce))
 
     def data_received(self, data: bytes) -> None:
         try:
             self._reader.feed(data)
         except ProtocolError as e:
-            log.warning("dropping a data-plane connection: %s", e)
-            assert self._transport is not None
-            self._transport.close()
+            self._refuse(Refusal.PROTOCOL if self._authenticated else Refusal.AUTH, str(e))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
+        if self._auth_deadline is not None:
+            self._auth_deadline.cancel()
+        self._writable.set()
         for task in self._tasks.values():
             task.cancel()
+
+    def pause_writing(self) -> None:
+        self._writable.clear()
+
+    def resume_writing(self) -> None:
+        self._writable.set()
+
+    def _refuse(self, reason: str, detail: str) -> None:
+        if self._transport is None or self._transport.is_closing():
+            return
+        self._server.refused[reason] += 1
+        log.warning("closing a data-plane connection (%s): %s", reason, detail)
+        self._transport.close()
 
     # -- frames ---------------------------------------------------------------
 
     def _on_frame(self, op: Op, stream_id: int, payload: Any) -> None:
+        if not self._authenticated:
+            self._authenticate(op, payload)
+            return
         if op is Op.CANCEL:
             task = self._tasks.get(stream_id)
             if task is not None:
                 task.cancel()
             return
         if op not in (Op.GENERATE, Op.PREFILL):
-            raise ProtocolError(f"a client does not send {op.name}")
+            raise ProtocolError(f"a client does not send {op.name} here")
+        if stream_id <= self._last_stream_id:
+            raise ProtocolError(f"stream id {stream_id} is not above the last one, {self._last_stream_id}")
+        self._last_stream_id = stream_id
         if self._server.draining:
             self._send(encode(Op.ERROR, stream_id, (ErrorKind.DRAINING, "replica is draining")))
+            return
+        if len(self._tasks) >= self._server.limits.max_streams:
+            self._send(encode(Op.ERROR, stream_id, (ErrorKind.FAILED, "too many streams on this connection")))
             return
         run = self._generate if op is Op.GENERATE else self._prefill
         task = asyncio.ensure_future(run(stream_id, payload))
         self._tasks[stream_id] = task
         task.add_done_callback(lambda _: self._tasks.pop(stream_id, None))
+
+    def _authenticate(self, op: Op, payload: Any) -> None:
+        if op is not Op.AUTH:
+            raise ProtocolError(f"{op.name} before the proof")
+        if not proves(self._server.secret, self._nonce, payload):
+            raise ProtocolError("wrong proof")
+        self._authenticated = True
+        if self._auth_deadline is not None:
+            self._auth_deadline.cancel()
 
     def _send(self, frame: bytes) -> None:
         if self._transport is not None and not self._transport.is_closing():
@@ -81,6 +153,7 @@ class _Connection(asyncio.Protocol):
     async def _generate(self, stream_id: int, request: EngineRequest) -> None:
         async def run() -> None:
             async for chunk in self._server.handler.generate(request):
+                await self._writable.wait()
                 self._send(encode(Op.CHUNKS, stream_id, (chunk,)))
             self._send(encode(Op.END, stream_id))
 
@@ -107,9 +180,16 @@ class _Connection(asyncio.Protocol):
 
 
 class StreamServer:
-    def __init__(self, handler: StreamHandler) -> None:
+    """Serves `handler` to clients that prove `secret` (the application's data-plane secret)."""
+
+    def __init__(self, handler: StreamHandler, secret: bytes, limits: WireLimits = WireLimits()) -> None:
+        if not secret:
+            raise ValueError("the data plane needs the application's secret")
         self.handler = handler
+        self.secret = secret
+        self.limits = limits
         self.connections: set[_Connection] = set()
+        self.refused: collections.Counter[str] = collections.Counter()
         self.draining = False
         self._server: asyncio.Server | None = None
 

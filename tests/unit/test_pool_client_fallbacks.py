@@ -55,12 +55,12 @@ async def _drain(client: ServePoolClient, req, view) -> tuple[int, ...]:
 def test_every_call_off_the_data_plane_is_counted_with_its_reason():
     async def scenario():
         engine = ScriptedEngine()
-        server = StreamServer(engine)
+        server = StreamServer(engine, b"secret")
         port = await server.start("127.0.0.1", 0)
         handle = _ScriptedHandle(ScriptedEngine())
         register(handle.app_name, handle.deployment_name, None)
         fallbacks = DirectPathFallbacks()
-        streams = ReplicaStreams()
+        streams = ReplicaStreams(b"secret")
         client = ServePoolClient(handle, streams, fallbacks)
         live = ReplicaView("d0", _info(port))
         try:

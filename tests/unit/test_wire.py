@@ -25,6 +25,8 @@ from orchestrator.wire.client import ReplicaDraining, ReplicaStreams
 from orchestrator.wire.frames import HEADER, ErrorKind, FrameReader, Op, ProtocolError, encode
 from orchestrator.wire.server import StreamServer
 
+SECRET = b"the application's data-plane secret"
+
 
 class ScriptedEngine:
     """Emits one chunk per `step()` call, so a test decides when tokens exist."""
@@ -73,9 +75,9 @@ def request(rid: str = "r", max_tokens: int = 3) -> EngineRequest:
 
 @contextlib.asynccontextmanager
 async def served(engine: ScriptedEngine):
-    server = StreamServer(engine)
+    server = StreamServer(engine, SECRET)
     port = await server.start("127.0.0.1", 0)
-    streams = ReplicaStreams()
+    streams = ReplicaStreams(SECRET)
     try:
         yield server, streams, ("127.0.0.1", port)
     finally:
@@ -241,7 +243,7 @@ def test_a_replica_that_goes_away_fails_its_streams_and_a_new_one_is_reached():
             with pytest.raises(EngineError, match="connection lost"):
                 await anext(stream)
             # The same address serving again (a restarted replica) is reconnected to.
-            again = StreamServer(engine)
+            again = StreamServer(engine, SECRET)
             await again.start(*address)
             engine.step(1)
             assert [t async for c in streams.generate(address, request(max_tokens=1)) for t in c.token_ids] == [100]
@@ -256,7 +258,7 @@ def test_an_unreachable_replica_is_an_engine_error():
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]  # bound, not listening: refused
             with pytest.raises(EngineError, match="cannot reach"):
-                await ReplicaStreams().prefill(("127.0.0.1", port), request())
+                await ReplicaStreams(SECRET).prefill(("127.0.0.1", port), request())
 
     asyncio.run(main())
 
@@ -285,6 +287,8 @@ def test_garbage_from_a_peer_closes_only_its_connection():
         engine = ScriptedEngine()
         async with served(engine) as (server, streams, address):
             reader, writer = await asyncio.open_connection(*address)
+            (size,) = HEADER.unpack(await reader.readexactly(HEADER.size))
+            await reader.readexactly(size)  # the server's CHALLENGE
             writer.write(HEADER.pack(2) + b"\xff\xff")
             await writer.drain()
             assert await reader.read() == b""  # closed by the server
