@@ -12,7 +12,9 @@ from ray.serve.handle import DeploymentHandle
 
 from deployments.pool_client import ServePoolClient
 from deployments.process_priority import set_niceness
+from deployments.serve_status import serve_http_host
 from orchestrator.api.app import AppHooks, Health, build_openai_app
+from orchestrator.api.exposure import exposure_problem
 from orchestrator.config import PRIMARY_GROUP, AppConfig, DataPlane
 from orchestrator.frontend import PoolGroup, build_frontend
 from orchestrator.metrics import DirectPathFallbacks
@@ -59,11 +61,12 @@ class Frontend:
         tokenizer = await asyncio.to_thread(load_tokenizer, app.model.tokenizer_source)
         self.parts = build_frontend(app, groups, tokenizer)
         self.parts.metrics.add_collector(fallbacks)
-        self.api_key = None
-        if app.frontend.auth.api_key_env is not None:
-            self.api_key = os.environ.get(app.frontend.auth.api_key_env)
-            if not self.api_key:
-                raise RuntimeError(f"frontend.auth.api_key_env names {app.frontend.auth.api_key_env}, which is not set")
+        # Secure by default: no key on a non-loopback address is a refusal to start, naming what to set.
+        problem = exposure_problem(await serve_http_host(), app.frontend.auth)
+        if problem is not None:
+            raise RuntimeError(problem)
+        self.api_key = _key_from_env("api_key_env", app.frontend.auth.api_key_env)
+        self.admin_key = _key_from_env("admin_key_env", app.frontend.auth.admin_key_env)
         # Handles build their routers on first use; until then a pool shows no replicas.
         self._background = [asyncio.create_task(pool.connect()) for pool in self.parts.pools().values()]
         self._background.append(asyncio.create_task(self.parts.kv_events.run()))
@@ -74,6 +77,7 @@ class Frontend:
             pools=self._pools_report,
             max_request_bytes=self.config.frontend.limits.max_request_bytes,
             api_key=self.api_key,
+            admin_key=self.admin_key,
         )
         return build_openai_app(self.parts.service, hooks)
 
@@ -88,3 +92,13 @@ class Frontend:
             task.cancel()
         if getattr(self, "streams", None) is not None:
             self.streams.close()
+
+
+def _key_from_env(field: str, env: str | None) -> str | None:
+    """The key in environment variable `env` (None when not configured); an error when it is named but unset."""
+    if env is None:
+        return None
+    key = os.environ.get(env)
+    if not key:
+        raise RuntimeError(f"frontend.auth.{field} names {env}, which is not set where this frontend runs")
+    return key

@@ -15,7 +15,7 @@ from deployments.registries import router_for
 from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
 from orchestrator.metrics import DirectPathFallbacks
 from orchestrator.pools import DirectPathFallback, ReplicaView
-from orchestrator.wire.client import ReplicaStreams
+from orchestrator.wire.client import DataPlaneRefused, ReplicaStreams
 
 
 class ServePoolClient:
@@ -61,7 +61,10 @@ class ServePoolClient:
     async def prefill(self, request: EngineRequest, view: ReplicaView | None = None) -> PrefillResult:
         address = self._address(request, view)
         if address is not None:
-            return await self._streams.prefill(address, request)
+            try:
+                return await self._streams.prefill(address, request)
+            except DataPlaneRefused:
+                self._fallbacks.count(self.name, DirectPathFallback.REFUSED)
         response = self._handle.prefill.remote(request)
         try:
             return await response
@@ -72,8 +75,27 @@ class ServePoolClient:
     def generate(self, request: EngineRequest, view: ReplicaView | None = None) -> AsyncIterator[EngineChunk]:
         address = self._address(request, view)
         if address is not None:
-            return self._streams.generate(address, request)
+            return self._direct_generate(address, request)
         return self._handle_generate(request)
+
+    async def _direct_generate(self, address: tuple[str, int], request: EngineRequest) -> AsyncIterator[EngineChunk]:
+        """The data plane's stream; a refused proof (before any chunk) takes the handle instead, counted."""
+        stream = self._streams.generate(address, request)
+        try:
+            try:
+                first = await anext(stream)
+            except StopAsyncIteration:
+                return
+            except DataPlaneRefused:
+                self._fallbacks.count(self.name, DirectPathFallback.REFUSED)
+                async for chunk in self._handle_generate(request):
+                    yield chunk
+                return
+            yield first
+            async for chunk in stream:
+                yield chunk
+        finally:
+            await stream.aclose()  # closed early: CANCEL now, not when collected
 
     async def _handle_generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         chunks = self._stream.generate.remote(request)

@@ -1,5 +1,5 @@
-"""What Serve says of a running application, for experiments (benchmarks/)
-that drive our app in process and must read Serve's own view of it."""
+"""What Serve says of a running application: its replicas, for experiments (benchmarks/) that drive our app
+in process, and the address its HTTP ingress binds, for the frontend's secure default."""
 
 from __future__ import annotations
 
@@ -16,3 +16,12 @@ def replica_counts(name: str, deployments: tuple[str, ...]) -> dict[str, int]:
             if d in counts:
                 counts[d] = sum(overview.replica_states.values())
     return counts
+
+
+async def serve_http_host() -> str:
+    """The address Serve's HTTP ingress binds (`http_options.host`), asked of Serve's controller."""
+    import ray
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    return (await controller.get_http_config.remote()).host

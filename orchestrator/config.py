@@ -377,10 +377,25 @@ class LimitsConfig(_Strict):
 
 
 class AuthConfig(_Strict):
+    """Who may call the application. An application whose HTTP address (Serve's `http_options.host`) is not
+    loopback refuses to start without `api_key_env`, unless `allow_unauthenticated` accepts the risk."""
+
     api_key_env: str | None = Field(
         default=None,
         description="Name of the environment variable holding the API key clients must send as "
-        "`Authorization: Bearer <key>`. None: no authentication (local runs).",
+        "`Authorization: Bearer <key>` on /v1/*. None: no authentication, allowed only on a loopback address "
+        "(or with allow_unauthenticated).",
+    )
+    admin_key_env: str | None = Field(
+        default=None,
+        description="Name of the environment variable holding the admin key, separate from the API key, that the "
+        "admin surfaces (/pools: replica addresses and endpoints) need as `Authorization: Bearer <key>`. None: "
+        "with an API key set, /pools is refused to every caller; without any key (loopback), it is open.",
+    )
+    allow_unauthenticated: bool = Field(
+        default=False,
+        description="Serve without an API key on a non-loopback HTTP address: the one switch that accepts the "
+        "risk of serving the model, and /pools, to anyone who can reach the address.",
     )
 
 

@@ -31,6 +31,7 @@ class DirectPathFallback(str, enum.Enum):
     NO_REPLICA_NAMED = "no_replica_named"  # routed before the pool reported its replicas
     REPLICA_NOT_LIVE = "replica_not_live"  # the named replica is not among the pool's live replicas
     NO_STREAM_PORT = "no_stream_port"  # the replica publishes no data-plane port
+    REFUSED = "refused"  # the replica refused this frontend's proof (a frontend of another deploy)
 
 
 class PoolClient(Protocol):

@@ -220,6 +220,7 @@ def make_frontend(
     limits: LimitsConfig = LimitsConfig(),
     max_in_flight: int = 64,
     api_key: str | None = None,
+    admin_key: str | None = None,
     tool_call_parser: str | None = None,
     reasoning_parser: str | None = None,
     engine_kind: str = "sim",
@@ -265,7 +266,11 @@ def make_frontend(
         return parts.health()
 
     hooks = AppHooks(
-        health=health, pools=parts.pools_report, max_request_bytes=limits.max_request_bytes, api_key=api_key
+        health=health,
+        pools=parts.pools_report,
+        max_request_bytes=limits.max_request_bytes,
+        api_key=api_key,
+        admin_key=admin_key,
     )
     app = build_openai_app(parts.service, hooks)
     return Frontend(parts.service, parts.metrics, decode, prefill, app, parts)

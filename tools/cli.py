@@ -19,11 +19,19 @@ def _make_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _check_config(args: argparse.Namespace) -> int:
-    from orchestrator.config import load_app_config
+    from orchestrator.api.exposure import SERVE_DEFAULT_HOST, exposure_problem
+    from orchestrator.config import load_app_config, load_serve_config
     from orchestrator.engines import check_app
 
     config = load_app_config(args.config)
     check_app(config)
+    doc = load_serve_config(args.config)
+    if isinstance(doc, dict) and "applications" in doc:
+        host = (doc.get("http_options") or {}).get("host", SERVE_DEFAULT_HOST)
+        problem = exposure_problem(host, config.frontend.auth)
+        if problem is not None:
+            print(f"refused: {problem}", file=sys.stderr)
+            return 1
     print(json.dumps(config.model_dump(mode="json"), indent=2))
     return 0
 

@@ -30,8 +30,11 @@ class AppHooks:
     health: Callable[[], Awaitable[Health]]
     pools: Callable[[], dict[str, Any]]
     max_request_bytes: int = 4 * 2**20
-    # When set, /v1/* and /pools need `Authorization: Bearer <api_key>`.
+    # When set, /v1/* needs `Authorization: Bearer <api_key>`.
     api_key: str | None = None
+    # When set, /pools (the admin surface) needs `Authorization: Bearer <admin_key>`; unset with an api_key,
+    # /pools is refused to everyone; neither set (a loopback address), everything is open.
+    admin_key: str | None = None
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -58,6 +61,26 @@ def _authorized(request: Request, api_key: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
+def _refusal(request: Request, hooks: AppHooks) -> APIError | None:
+    """Why `request` may not pass (user keys on /v1/*, the admin key on /pools), or None."""
+    path = request.url.path
+    if path.startswith("/v1/") and hooks.api_key and not _authorized(request, hooks.api_key):
+        return APIError(401, "Incorrect or missing API key: send Authorization: Bearer <key>.", code="invalid_api_key")
+    if path.startswith("/pools"):
+        if hooks.admin_key is None:
+            return APIError(
+                403,
+                "/pools is an admin surface: set frontend.auth.admin_key_env and send that key.",
+                type="permission_error",
+                code="admin_key_required",
+            )
+        if not _authorized(request, hooks.admin_key):
+            return APIError(
+                401, "Incorrect or missing admin key: send Authorization: Bearer <admin key>.", code="invalid_api_key"
+            )
+    return None
+
+
 def _error_response(err: APIError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
@@ -69,17 +92,12 @@ def build_openai_app(service: CompletionService, hooks: AppHooks) -> FastAPI:
     async def _api_error(_: Request, err: APIError) -> JSONResponse:
         return _error_response(err)
 
-    if hooks.api_key:
+    if hooks.api_key or hooks.admin_key:
 
         @app.middleware("http")
         async def _auth(request: Request, call_next):
-            if request.url.path.startswith(("/v1/", "/pools")) and not _authorized(request, hooks.api_key):
-                return _error_response(
-                    APIError(
-                        401, "Incorrect or missing API key: send Authorization: Bearer <key>.", code="invalid_api_key"
-                    )
-                )
-            return await call_next(request)
+            refused = _refusal(request, hooks)
+            return _error_response(refused) if refused is not None else await call_next(request)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:

@@ -9,8 +9,10 @@ on it:
                     while the consumer lags (no token lost, fewer events);
                     closed early -> CANCEL (the replica aborts the request)
     prefill(req):   PREFILL; await RESULT; cancelled -> CANCEL
-    ERROR rejected -> EngineRequestRejected; failed, draining, connection
-    lost -> EngineError (the request path falls back or migrates)
+    ERROR rejected -> EngineRequestRejected; refused (the proof, another
+    deploy's secret) -> DataPlaneRefused (the caller takes Serve's handle);
+    failed, draining, connection lost -> EngineError (the request path falls
+    back or migrates)
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ _END = object()
 
 class ReplicaDraining(EngineError):
     """The replica is shutting down and took no part of the request."""
+
+
+class DataPlaneRefused(EngineError):
+    """The replica refused this frontend's proof (a frontend of another deploy, with another secret) and took
+    no part of the request: Serve's handle still reaches it."""
 
 
 def _error(kind: ErrorKind, message: str) -> Exception:
@@ -65,6 +72,7 @@ class _Connection(asyncio.Protocol):
         self.streams: dict[int, _Stream] = {}
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.failure: Exception | None = None  # why it closed, once it has
         # Done once the proof is sent (the connection serves from then), or failed with why it cannot.
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._secret = secret
@@ -83,6 +91,8 @@ class _Connection(asyncio.Protocol):
         self._fail(EngineError(f"data-plane connection lost{f': {exc}' if exc else ''}"))
 
     def _fail(self, error: Exception) -> None:
+        if not self.closed:
+            self.failure = error
         self.closed = True
         if self.transport is not None:
             self.transport.close()
@@ -92,6 +102,9 @@ class _Connection(asyncio.Protocol):
             stream.put(error)
 
     def _on_frame(self, op: Op, stream_id: int, payload: Any) -> None:
+        if op is Op.ERROR and stream_id == 0 and payload[0] is ErrorKind.REFUSED:
+            self._fail(DataPlaneRefused(payload[1]))
+            return
         if op is Op.CHALLENGE:
             if self.ready.done():
                 raise ProtocolError("a second CHALLENGE")
@@ -115,6 +128,8 @@ class _Connection(asyncio.Protocol):
 
     def send(self, frame: bytes) -> None:
         if self.closed or self.transport is None:
+            if self.failure is not None:
+                raise type(self.failure)(str(self.failure))
             raise EngineError("data-plane connection is closed")
         self.transport.write(frame)
 

@@ -51,6 +51,7 @@ class ErrorKind(str, enum.Enum):
     REJECTED = "rejected"  # the request is invalid (EngineRequestRejected)
     FAILED = "failed"  # the engine or replica failed it (EngineError)
     DRAINING = "draining"  # the replica is shutting down and takes no new requests
+    REFUSED = "refused"  # stream 0, then the connection closes: the client's proof failed (another secret)
 
 
 class ProtocolError(Exception):

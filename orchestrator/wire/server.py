@@ -1,8 +1,9 @@
 """The replica's end of the direct data plane.
 
     connection:  past `max_connections` -> closed at once (counted)
-                 CHALLENGE 0 nonce; AUTH 0 proof -> the connection serves, or is closed (counted) on a wrong
-                 proof, on any other frame first, or with none within `auth_timeout_s`
+                 CHALLENGE 0 nonce; AUTH 0 proof -> the connection serves, or gets ERROR 0 refused and is
+                 closed (counted) on a wrong proof, on any other frame first, or with none within
+                 `auth_timeout_s`
                  GENERATE id req -> task: for chunk in handler.generate(req): CHUNKS id [chunk]; END id
                  PREFILL  id req -> task: RESULT id handler.prefill(req)
                  CANCEL   id     -> cancel that task (the engine aborts the request)
@@ -79,7 +80,7 @@ class _Connection(asyncio.Protocol):
         self._server.connections.add(self)
         self._transport.set_write_buffer_limits(high=self._server.limits.write_buffer_bytes)
         self._auth_deadline = asyncio.get_running_loop().call_later(
-            self._server.limits.auth_timeout_s, self._refuse, Refusal.AUTH, "no proof in time"
+            self._server.limits.auth_timeout_s, self._refuse_proof, "no proof in time"
         )
         self._transport.write(encode(Op.CHALLENGE, 0, self._nonce))
 
@@ -87,7 +88,10 @@ class _Connection(asyncio.Protocol):
         try:
             self._reader.feed(data)
         except ProtocolError as e:
-            self._refuse(Refusal.PROTOCOL if self._authenticated else Refusal.AUTH, str(e))
+            if self._authenticated:
+                self._refuse(Refusal.PROTOCOL, str(e))
+            else:
+                self._refuse_proof(str(e))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._server.connections.discard(self)
@@ -102,6 +106,13 @@ class _Connection(asyncio.Protocol):
 
     def resume_writing(self) -> None:
         self._writable.set()
+
+    def _refuse_proof(self, detail: str) -> None:
+        """A peer without a valid proof learns that much (ERROR 0 refused) before the connection closes: a
+        frontend of another deploy (another secret) then takes Serve's handle instead."""
+        if self._transport is not None and not self._transport.is_closing():
+            self._transport.write(encode(Op.ERROR, 0, (ErrorKind.REFUSED, "data-plane proof refused")))
+        self._refuse(Refusal.AUTH, detail)
 
     def _refuse(self, reason: str, detail: str) -> None:
         if self._transport is None or self._transport.is_closing():

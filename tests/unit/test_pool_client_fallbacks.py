@@ -6,7 +6,8 @@ Serve's boundary) that counts them, and the two counts must agree."""
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
+import contextlib
+from dataclasses import dataclass, replace
 
 from deployments.pool_client import ServePoolClient
 from deployments.registries import register
@@ -47,6 +48,34 @@ def _counted(fallbacks: DirectPathFallbacks) -> dict[str, float]:
     return {s.labels["reason"]: s.value for m in fallbacks.collect() for s in m.samples}
 
 
+@dataclass
+class _Setup:
+    engine: ScriptedEngine  # behind the replica's data-plane server
+    server: StreamServer
+    handle: _ScriptedHandle
+    fallbacks: DirectPathFallbacks
+    client: ServePoolClient
+    live: ReplicaView  # the replica, as routed on: live, with its data-plane port
+
+
+@contextlib.asynccontextmanager
+async def _pool(server_secret: bytes = b"secret", client_secret: bytes = b"secret"):
+    """A replica's data-plane server and a scripted handle to its pool, and the pool client over both."""
+    engine = ScriptedEngine()
+    server = StreamServer(engine, server_secret)
+    port = await server.start("127.0.0.1", 0)
+    handle = _ScriptedHandle(ScriptedEngine())
+    register(handle.app_name, handle.deployment_name, None)
+    fallbacks = DirectPathFallbacks()
+    streams = ReplicaStreams(client_secret)
+    try:
+        client = ServePoolClient(handle, streams, fallbacks)
+        yield _Setup(engine, server, handle, fallbacks, client, ReplicaView("d0", _info(port)))
+    finally:
+        streams.close()
+        server.close()
+
+
 async def _drain(client: ServePoolClient, req, view) -> tuple[int, ...]:
     """The tokens of the stream (the data plane merges chunks that queue)."""
     return tuple([t async for c in client.generate(req, view) for t in c.token_ids])
@@ -54,16 +83,9 @@ async def _drain(client: ServePoolClient, req, view) -> tuple[int, ...]:
 
 def test_every_call_off_the_data_plane_is_counted_with_its_reason():
     async def scenario():
-        engine = ScriptedEngine()
-        server = StreamServer(engine, b"secret")
-        port = await server.start("127.0.0.1", 0)
-        handle = _ScriptedHandle(ScriptedEngine())
-        register(handle.app_name, handle.deployment_name, None)
-        fallbacks = DirectPathFallbacks()
-        streams = ReplicaStreams(b"secret")
-        client = ServePoolClient(handle, streams, fallbacks)
-        live = ReplicaView("d0", _info(port))
-        try:
+        async with _pool() as t:
+            engine, handle, fallbacks, client, live = t.engine, t.handle, t.fallbacks, t.client, t.live
+            port = live.info.stream_port
             engine.step(3)
             assert await _drain(client, request(), live) == (100, 101, 102)  # routed on a live view with a port: direct
             assert (handle.calls, fallbacks.total()) == (0, 0)
@@ -86,8 +108,19 @@ def test_every_call_off_the_data_plane_is_counted_with_its_reason():
             serve_only = ServePoolClient(handle, None, uncounted)
             await _drain(serve_only, request(), live)  # the data plane off: the handle is the path, not a fallback
             assert handle.calls == len(cases) + 1 and uncounted.total() == 0
-        finally:
-            streams.close()
-            server.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_replica_of_another_deploy_refusing_the_proof_is_reached_through_the_handle_and_counted():
+    """During a rolling update a frontend may hold the old deploy's secret: the new replica refuses its proof
+    (ERROR refused, before any token), and the call takes Serve's handle instead: a slower answer, counted."""
+
+    async def scenario():
+        async with _pool(server_secret=b"the new deploy's secret", client_secret=b"the old deploy's secret") as t:
+            for k in (1, 2):
+                assert await _drain(t.client, request(), t.live) == (100, 101, 102)
+                assert t.handle.calls == k and _counted(t.fallbacks) == {DirectPathFallback.REFUSED.value: float(k)}
+            assert t.engine.started == [] and t.server.refused["auth"] == 2
 
     asyncio.run(scenario())

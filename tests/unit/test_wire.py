@@ -291,7 +291,8 @@ def test_garbage_from_a_peer_closes_only_its_connection():
             await reader.readexactly(size)  # the server's CHALLENGE
             writer.write(HEADER.pack(2) + b"\xff\xff")
             await writer.drain()
-            assert await reader.read() == b""  # closed by the server
+            refusal = encode(Op.ERROR, 0, (ErrorKind.REFUSED, "data-plane proof refused"))
+            assert await reader.read() == refusal  # told why, then closed by the server
             writer.close()
             engine.step(1)
             assert [t async for c in streams.generate(address, request(max_tokens=1)) for t in c.token_ids] == [100]
