@@ -1,7 +1,7 @@
-"""Admission control: a frontend replica serves at most `limit` requests at
-once and turns the next away at once (429 + Retry-After) instead of queueing
-without bound. A slot is held from admission until the response's last byte,
-streams included, so memory stays bounded by the limit."""
+"""Admission control: a frontend replica runs at most `limit` engine streams at once (a request holds one per
+prompt and choice: prompts × n) and turns the next request away at once (429 + Retry-After) instead of queueing
+without bound. A request enters holding one stream while it is prepared, then widens to its streams; a slot is
+held from admission until the response's last byte, streams included, so memory stays bounded by the limit."""
 
 from __future__ import annotations
 
@@ -9,16 +9,16 @@ from __future__ import annotations
 class AdmissionGate:
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self.in_flight = 0
+        self.in_flight = 0  # engine streams held
 
-    def try_enter(self) -> bool:
-        if self.in_flight >= self.limit:
+    def try_enter(self, streams: int = 1) -> bool:
+        if self.in_flight + streams > self.limit:
             return False
-        self.in_flight += 1
+        self.in_flight += streams
         return True
 
-    def leave(self) -> None:
-        self.in_flight -= 1
+    def leave(self, streams: int = 1) -> None:
+        self.in_flight -= streams
         assert self.in_flight >= 0, "left more often than entered"
 
 
@@ -27,9 +27,21 @@ class Slot:
 
     def __init__(self, gate: AdmissionGate) -> None:
         self._gate = gate
+        self._streams = 1
         self._held = True
+
+    def widen(self, streams: int) -> bool:
+        """Hold `streams` engine streams (at most the whole gate: a request larger than the limit runs alone);
+        False, holding what it held, when the gate has no room for them now."""
+        extra = min(streams, self._gate.limit) - self._streams
+        if extra <= 0:
+            return True
+        if not self._gate.try_enter(extra):
+            return False
+        self._streams += extra
+        return True
 
     def release(self) -> None:
         if self._held:
             self._held = False
-            self._gate.leave()
+            self._gate.leave(self._streams)

@@ -23,6 +23,8 @@ from orchestrator.metrics import FrontendMetrics
 from orchestrator.request_path import RequestPath, RequestTrace
 from orchestrator.routing.shape import ShapeRouter
 
+CHUNKS_QUEUED_PER_CHOICE = 4  # chunks of a request's choices waiting for its reader, per choice
+
 
 class RoutedChoice(Protocol):
     plan: ChoicePlan
@@ -90,7 +92,11 @@ class ChoiceFanOut:
             async for chunk in self._chunks(p, states[0].plan, states[0].trace):
                 yield 0, chunk
             return
-        queue: asyncio.Queue[tuple[int, EngineChunk | None, Exception | None]] = asyncio.Queue()
+        # Bounded: a reader that falls behind holds each choice's pump at its next chunk (the request path and
+        # the data plane merge what arrives meanwhile) rather than queueing every choice's chunks here.
+        queue: asyncio.Queue[tuple[int, EngineChunk | None, Exception | None]] = asyncio.Queue(
+            maxsize=CHUNKS_QUEUED_PER_CHOICE * len(states)
+        )
         lead_replica = {s.plan.prompt: asyncio.get_running_loop().create_future() for s in states if s.plan.lead}
 
         async def pump(state: RoutedChoice) -> None:
@@ -101,13 +107,13 @@ class ChoiceFanOut:
                 async for chunk in self._chunks(p, plan, state.trace, follow):
                     if plan.lead and not followed.done() and state.trace.route is not None:
                         followed.set_result(state.trace.route.decode_replica)
-                    queue.put_nowait((plan.index, chunk, None))
+                    await queue.put((plan.index, chunk, None))
             except Exception as e:
-                queue.put_nowait((plan.index, None, e))
+                await queue.put((plan.index, None, e))
             finally:
                 if plan.lead and not followed.done():
                     followed.set_result(None)
-            queue.put_nowait((plan.index, None, None))
+            await queue.put((plan.index, None, None))
 
         tasks = [asyncio.create_task(pump(s)) for s in states]
         try:

@@ -75,14 +75,7 @@ class CompletionService:
         Raises APIError for anything the client must fix, and 429 when the
         frontend is at its admission limit."""
         if not self.gate.try_enter():
-            self.metrics.requests.labels(endpoint.value, "rejected").inc()
-            raise APIError(
-                429,
-                "The server is at capacity; retry later.",
-                type="requests",
-                code="rate_limit_exceeded",
-                headers={"Retry-After": str(self.retry_after_s)},
-            )
+            raise self._at_capacity(endpoint)
         slot = Slot(self.gate)
         try:
             prepared = await self.preparer.prepare(endpoint, raw_body)
@@ -93,6 +86,9 @@ class CompletionService:
         except BaseException:
             slot.release()
             raise
+        if not slot.widen(len(prepared.choices)):  # prompts × n engine streams
+            slot.release()
+            raise self._at_capacity(endpoint)
         if prepared.stream:
             stream = self._sse(prepared, slot)
             weakref.finalize(stream, slot.release)  # a stream never iterated still gives its slot back
@@ -101,6 +97,16 @@ class CompletionService:
             return await self._whole(prepared)
         finally:
             slot.release()
+
+    def _at_capacity(self, endpoint: Endpoint) -> APIError:
+        self.metrics.requests.labels(endpoint.value, "rejected").inc()
+        return APIError(
+            429,
+            "The server is at capacity; retry later.",
+            type="requests",
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(self.retry_after_s)},
+        )
 
     def _finish(self, p: PreparedRequest, states: list[ChoiceState]) -> dict[str, Any]:
         self.metrics.e2e.observe(self.clock() - p.arrival)

@@ -28,6 +28,13 @@ log = logging.getLogger("ray.serve")
 
 REPLAY_END_SEQ = -1
 REPLAY_TIMEOUT_S = 2.0
+# Batches one replica's stream may queue unread: ZMQ drops beyond them, and the loss shows as a gap in the
+# batches' sequence numbers, which the ingest answers with a replay or a resync, as for any lost batch.
+RECEIVE_QUEUE_BATCHES = 10_000
+# The largest replayed batch taken (a replay socket lives for one replay; over it, the replay times out and the
+# ingest resyncs). Not set on the live subscription: libzmq drops a SUB's connection over it and does not
+# reconnect (checked with pyzmq here), which would silence the replica's stream for good.
+MAX_MESSAGE_BYTES = 16 * 2**20
 
 
 class KVEventSubscriber:
@@ -86,10 +93,7 @@ class KVEventSubscriber:
         replica_id = view.replica_id
         decode = kv_event_decoder(view.info.engine_kind)
         zmq = self._zmq
-        sub = self._context.socket(zmq.SUB)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.setsockopt(zmq.RCVHWM, 0)
-        sub.connect(view.info.kv_events_endpoint)
+        sub = bounded_subscription(self._context, zmq, view.info.kv_events_endpoint)
         log.info("following KV events of %s at %s", replica_id, view.info.kv_events_endpoint)
         try:
             while True:
@@ -138,6 +142,7 @@ class KVEventSubscriber:
         if not endpoint:
             return []
         sock = self._context.socket(self._zmq.DEALER)
+        sock.setsockopt(self._zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
         sock.connect(endpoint)
         batches = []
         try:
@@ -164,3 +169,12 @@ class KVEventSubscriber:
             task.cancel()
         with contextlib.suppress(Exception):
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+
+def bounded_subscription(context, zmq, endpoint: str):
+    """A SUB socket on `endpoint` that queues at most RECEIVE_QUEUE_BATCHES batches unread."""
+    sub = context.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVHWM, RECEIVE_QUEUE_BATCHES)
+    sub.connect(endpoint)
+    return sub

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass
 
 import pytest
 
+from orchestrator.api.fan_out import CHUNKS_QUEUED_PER_CHOICE
 from orchestrator.api.responses import Endpoint
 from orchestrator.config import LimitsConfig
 from tests.factories import MODEL, FakePool, make_frontend, run
@@ -40,6 +42,55 @@ def test_beyond_the_in_flight_limit_requests_get_429_with_retry_after_and_slots_
     assert [r.status_code for r in done] == [200, 200] and after.status_code == 200
     assert fe.service.gate.in_flight == 0
     assert fe.metric("orchestrator_requests_total", {"endpoint": "completions", "outcome": "rejected"}) == 1
+
+
+def test_admission_counts_engine_streams_prompts_times_n_not_requests():
+    """A request holds one stream a prompt and choice: at a limit of 4, one request of 2 prompts × n=2 fills the
+    gate, the next single prompt gets a 429, and a request larger than the limit still runs when it is alone."""
+    fe = make_frontend(max_in_flight=4, decode=FakePool("decode_pool", chunk_delay_s=0.01))
+
+    async def go():
+        wide = await fe.service.handle(Endpoint.COMPLETIONS, _body(stream=True, prompt=["a b", "c d"], n=2))
+        held = fe.service.gate.in_flight
+        single = await _post(fe, _body())
+        await anext(wide)
+        await wide.aclose()
+        huge = await _post(fe, _body(prompt=["a", "b", "c"], n=3))  # 9 streams, alone: runs, holding all 4
+        return held, single, fe.service.gate.in_flight, huge
+
+    held, single, after, huge = run(go())
+    assert held == 4 and single.status_code == 429 and after == 0
+    assert huge.status_code == 200 and len(huge.json()["choices"]) == 9
+
+
+@dataclass
+class _CountingPool(FakePool):
+    """A FakePool counting the chunks its engines have produced."""
+
+    produced: int = 0
+
+    async def generate(self, request, view=None):
+        async for chunk in super().generate(request, view):
+            self.produced += 1
+            yield chunk
+
+
+def test_a_reader_that_falls_behind_holds_every_choice_at_a_bounded_queue():
+    """n=4 choices of 50 tokens, streamed to a reader that takes one event and stops: the choices' pumps wait at
+    a bounded queue instead of draining the engines into memory."""
+    pool = _CountingPool("decode_pool")
+    fe = make_frontend(decode=pool)
+
+    async def go():
+        stream = await fe.service.handle(Endpoint.COMPLETIONS, _body(stream=True, n=4, max_tokens=50))
+        await anext(stream)
+        for _ in range(200):
+            await asyncio.sleep(0)
+        produced = pool.produced
+        await stream.aclose()
+        return produced
+
+    assert run(go()) <= 4 * (CHUNKS_QUEUED_PER_CHOICE + 2)
 
 
 def test_streams_hold_their_slot_until_closed_even_if_never_read():
