@@ -106,9 +106,15 @@ class EngineReplica:
         return {"replica_id": self.replica_id, **self.info.to_dict()}
 
     def _stats(self) -> EngineStats:
-        """The engine's stats, with the data-plane connections this replica closed."""
-        refused = sum(self.streams.refused.values()) if self.streams is not None else 0
-        return dataclasses.replace(self.engine.stats(), data_plane_refused_total=refused)
+        """The engine's stats, with the data-plane connections and streams this replica closed."""
+        stats = self.engine.stats()
+        if self.streams is None:
+            return stats
+        return dataclasses.replace(
+            stats,
+            data_plane_refused_total=sum(self.streams.refused.values()),
+            data_plane_stalled_streams_total=self.streams.stalled_streams,
+        )
 
     def stats(self) -> dict[str, Any]:
         return {"replica_id": self.replica_id, **self._stats().to_dict()}

@@ -51,6 +51,11 @@ _ENGINE_COUNTERS = (
         "data_plane_refused_connections",
         "Data-plane connections the replica closed: wrong or missing proof, over its limits, protocol errors.",
     ),
+    (
+        "data_plane_stalled_streams_total",
+        "data_plane_stalled_streams",
+        "Data-plane streams the replica cut because their reader took no data for too long.",
+    ),
 )
 _ENGINE_GAUGES = (
     ("num_running", "engine_running_requests", "Requests in the engine's running batch."),

@@ -140,6 +140,8 @@ class EngineStats:
     # Connections the replica's data-plane server closed: a wrong, missing or late proof, past its connection
     # limit, or a protocol error. Counted by the replica (deployments/engine_replica.py), not the engine.
     data_plane_refused_total: int = 0
+    # Data-plane streams the replica cut because their reader took no data for `WireLimits.stalled_stream_s`.
+    data_plane_stalled_streams_total: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -11,7 +11,8 @@
                  failure         -> ERROR id (rejected | failed, message)
                  connection lost -> cancel every task of the connection
     writing:     while the transport's buffer is past `write_buffer_bytes`, streams wait before their next
-                 chunk (the engine's own output merges meanwhile): a stalled reader holds at most that
+                 chunk (the engine's own output merges meanwhile): a stalled reader holds at most that;
+                 a stream kept waiting `stalled_stream_s` is cut (the engine aborts it)
     drain():     new requests get ERROR draining; wait for the running ones
 
 A frame that does not decode, a stream id not above every earlier one of the connection, or a frame a client
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -47,6 +49,7 @@ class WireLimits:
     max_streams: int = 1024  # running on one connection
     write_buffer_bytes: int = 1 << 20  # a connection's unsent bytes past which its streams wait
     auth_timeout_s: float = 5.0
+    stalled_stream_s: float = 300.0  # a stream kept waiting this long for its reader is cut (the engine aborts)
 
 
 class Refusal:
@@ -163,12 +166,30 @@ class _Connection(asyncio.Protocol):
 
     async def _generate(self, stream_id: int, request: EngineRequest) -> None:
         async def run() -> None:
-            async for chunk in self._server.handler.generate(request):
-                await self._writable.wait()
-                self._send(encode(Op.CHUNKS, stream_id, (chunk,)))
+            async with contextlib.aclosing(self._server.handler.generate(request)) as chunks:
+                async for chunk in chunks:
+                    if not await self._reader_caught_up():
+                        self._server.stalled_streams += 1
+                        log.warning("cut stream %d: its reader took no data for %.0f s", stream_id, self._stall_s)
+                        return  # leaving the engine's stream closes it: the engine aborts the request
+                    self._send(encode(Op.CHUNKS, stream_id, (chunk,)))
             self._send(encode(Op.END, stream_id))
 
         await self._guarded(stream_id, run())
+
+    async def _reader_caught_up(self) -> bool:
+        """True once the connection takes data again; False if it took none for `stalled_stream_s`."""
+        if self._writable.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self._writable.wait(), self._stall_s)
+        except TimeoutError:
+            return False
+        return True
+
+    @property
+    def _stall_s(self) -> float:
+        return self._server.limits.stalled_stream_s
 
     async def _prefill(self, stream_id: int, request: EngineRequest) -> None:
         async def run() -> None:
@@ -201,6 +222,7 @@ class StreamServer:
         self.limits = limits
         self.connections: set[_Connection] = set()
         self.refused: collections.Counter[str] = collections.Counter()
+        self.stalled_streams = 0  # streams cut because their reader took no data for `stalled_stream_s`
         self.draining = False
         self._server: asyncio.Server | None = None
 

@@ -181,16 +181,20 @@ def test_streams_past_the_limit_fail_alone_and_the_connection_serves_on():
 
 
 class EndlessEngine:
-    """Yields 64 KiB chunks for as long as it is asked; counts them."""
+    """Yields 64 KiB chunks for as long as it is asked; counts them, and the streams closed."""
 
     def __init__(self) -> None:
         self.produced = 0
+        self.closed = 0
 
     async def generate(self, request):
-        while True:
-            self.produced += 1
-            yield EngineChunk(token_ids=(1,), text="x" * 65536, finish_reason=None)
-            await asyncio.sleep(0)
+        try:
+            while True:
+                self.produced += 1
+                yield EngineChunk(token_ids=(1,), text="x" * 65536, finish_reason=None)
+                await asyncio.sleep(0)
+        finally:
+            self.closed += 1
 
     async def prefill(self, request):
         raise NotImplementedError
@@ -214,6 +218,25 @@ def test_a_reader_that_stops_reading_bounds_the_replicas_buffer_and_pauses_its_s
             (connection,) = server.connections
             assert engine.produced == previous, "the stream kept pulling from the engine"
             assert connection._transport.get_write_buffer_size() <= limit + 70_000
+            peer.close()
+
+    asyncio.run(main())
+
+
+def test_a_stream_whose_reader_stays_stalled_is_cut_and_its_engine_stream_closed():
+    async def main():
+        engine = EndlessEngine()
+        limits = WireLimits(write_buffer_bytes=64 * 1024, stalled_stream_s=0.2)
+        async with serving(engine, limits) as (server, address):
+            peer = await authenticated(address)
+            await peer.send(encode(Op.GENERATE, 1, request(max_tokens=10**6)))
+            for _ in range(500):
+                await asyncio.sleep(0.01)
+                if server.stalled_streams:
+                    break
+            await settle()
+            assert server.stalled_streams == 1 and engine.closed == 1
+            assert server.running() == 0
             peer.close()
 
     asyncio.run(main())
