@@ -14,6 +14,13 @@ then, on the shipped config as it ships (1 prefill + 1 decode replica):
   only-decode-replica-killed  the one decode replica's actor killed: no
                               replica to migrate to until Serve replaces it
 
+and, on the first app with 2 frontend replicas behind HAProxy (`--ingress-scenarios`):
+
+  frontend-replica-killed  one frontend replica's actor killed: its own streams in flight end with an
+                           error; every request started after the kill must be answered
+  haproxy-restarted        HAProxy's process SIGKILLed (Ray's HAProxy manager starts it again): what is
+                           lost is measured, not required to be 0
+
 Each request is counted as answered (200 with every token asked for),
 rejected (429), hung (no byte for `--hang-s`: the bound) or lost (anything
 else: an error, a cut stream, a short answer) — lost and hung must be 0.
@@ -50,6 +57,7 @@ from tools.workloads import LengthDist, SyntheticWorkload, TokenPool  # noqa: E4
 
 SCENARIOS = ["none", "decode-replica-killed", "engine-core-crashed", "prefill-replica-killed"]
 SHIPPED_SCENARIOS = ["only-decode-replica-killed"]
+INGRESS_SCENARIOS = ["frontend-replica-killed", "haproxy-restarted"]
 APP = "orchestrator"
 # Frontend counters read around each scenario: name -> the labels its samples are told apart by.
 COUNTERS = {
@@ -89,6 +97,19 @@ def inject(url: str, scenario: str) -> tuple[str, str | None]:
 
     if scenario == "none":
         return "-", None
+    if scenario == "frontend-replica-killed":
+        from ray.util import list_named_actors
+
+        frontends = sorted(
+            a["name"] for a in list_named_actors(all_namespaces=True) if f"#{APP}#frontend#" in f"#{a['name']}"
+        )
+        ray.kill(ray.get_actor(frontends[0], namespace="serve"), no_restart=True)
+        return f"frontend replica {frontends[0]}", None
+    if scenario == "haproxy-restarted":
+        killed = [p for p in psutil.process_iter(["name"]) if p.info["name"] == "haproxy"]
+        for proc in killed:
+            proc.kill()
+        return f"haproxy pids {[p.pid for p in killed]}", None
     pool = "prefill_pool" if scenario.startswith("prefill") else "decode_pool"
     victim = busiest(url, pool)
     if scenario == "engine-core-crashed":
@@ -109,7 +130,16 @@ async def scenario_run(url: str, scenario: str, specs, concurrency: int, inject_
     hit, replica = await asyncio.to_thread(inject, url, scenario)
     records, duration = await load
     in_flight = sum(1 for r in records if r.start_s <= injected_at <= r.start_s + (r.e2e_s or duration))
-    return records, duration, hit, replica, in_flight
+    return records, duration, hit, replica, in_flight, injected_at
+
+
+def after_injection(records, specs, injected_at: float) -> dict:
+    """Requests started after the fault, and those of them not answered in full (ingress scenarios: these must
+    be 0 after a frontend is killed; the killed frontend's own streams in flight may end with an error)."""
+    osl = specs[0].max_tokens
+    after = [r for r in records if r.start_s > injected_at]
+    failed = [r for r in after if not (r.ok and r.output_tokens == osl)]
+    return {"started_after": len(after), "failed_after": len(failed)}
 
 
 def tally(records, specs) -> dict:
@@ -151,7 +181,7 @@ def run_scenarios(url: str, scenarios: list[str], workload, args, decode: int, p
         specs = workload.requests(start + args.requests)[start:]
         print(f"== {scenario}", flush=True)
         before = launch.counters(url, COUNTERS)
-        records, duration, hit, hit_replica, in_flight = asyncio.run(
+        records, duration, hit, hit_replica, in_flight, injected_at = asyncio.run(
             scenario_run(url, scenario, specs, args.concurrency, args.inject_after_s, args.hang_s)
         )
         results[scenario] = {
@@ -159,8 +189,11 @@ def run_scenarios(url: str, scenarios: list[str], workload, args, decode: int, p
             "in_flight_at_injection": in_flight,
             "duration_s": duration,
             **tally(records, specs),
+            **after_injection(records, specs, injected_at),
             "frontend_counters": launch.increments(before, launch.counters(url, COUNTERS)),
         }
+        if scenario in INGRESS_SCENARIOS:
+            launch.wait_until(lambda: httpx.get(f"{url}/health", timeout=5).status_code == 200, "health", 300)
         print(json.dumps(results[scenario]), flush=True)
     wait_replicas(url, decode=decode, prefill=prefill, gone=hit_replica)  # the next app starts on a whole pool
     return results
@@ -170,6 +203,7 @@ def main() -> None:
     p = launch.parser(__doc__)
     p.add_argument("--scenarios", default=",".join(SCENARIOS))
     p.add_argument("--shipped-scenarios", default=",".join(SHIPPED_SCENARIOS))
+    p.add_argument("--ingress-scenarios", default=",".join(INGRESS_SCENARIOS))
     p.add_argument("--requests", type=int, default=36)
     p.add_argument("--concurrency", type=int, default=6)
     p.add_argument("--inject-after-s", type=float, default=6.0)
@@ -183,11 +217,18 @@ def main() -> None:
         "disagg-cpu.yaml", decode_pool__replicas=2, frontend__prefill_timeout_s=10, network__kv_handshake_timeout_s=3
     )
     shipped = launch.app_args("disagg-cpu.yaml")
+    two_frontends = two_decode.model_copy(update={"frontend": two_decode.frontend.model_copy(update={"replicas": 2})})
     log = Path(args.out).with_suffix(".log")
-    results, shipped_results = {}, {}
-    for cfg, scenarios, decode, into in (
-        (two_decode, args.scenarios, 2, results),
-        (shipped, args.shipped_scenarios, shipped.decode_pool.replicas, shipped_results),
+    results, shipped_results, ingress_results = {}, {}, {}
+    # Each app's scenarios take fresh requests from their own block of the workload (after the warm-up's 6).
+    blocks = (0, len(SCENARIOS), len(SCENARIOS) + len(SHIPPED_SCENARIOS))
+    for (cfg, scenarios, decode, into), block in zip(
+        (
+            (two_decode, args.scenarios, 2, results),
+            (shipped, args.shipped_scenarios, shipped.decode_pool.replicas, shipped_results),
+            (two_frontends, args.ingress_scenarios, 2, ingress_results),
+        ),
+        blocks,
     ):
         if not scenarios:
             continue
@@ -196,7 +237,7 @@ def main() -> None:
 
             ray.init(address="auto", logging_level="ERROR", log_to_driver=False)
             asyncio.run(run_concurrency(Target(url, "tiny-llama"), workload.requests(6), 3))  # warm-up
-            first = 6 + (len(results) * args.requests if into is shipped_results else 0)
+            first = 6 + block * args.requests
             into.update(run_scenarios(url, scenarios.split(","), workload, args, decode, 1, first))
             ray.shutdown()
     doc = {
@@ -207,6 +248,7 @@ def main() -> None:
             "scenarios": "configs/disagg-cpu.yaml, 1 prefill + 2 decode replicas",
             "shipped_scenarios": f"configs/disagg-cpu.yaml as shipped, 1 prefill + "
             f"{shipped.decode_pool.replicas} decode",
+            "ingress_scenarios": "configs/disagg-cpu.yaml, 1 prefill + 2 decode replicas, 2 frontend replicas, HAProxy",
         },
         "load": {
             "concurrency": args.concurrency,
@@ -218,9 +260,12 @@ def main() -> None:
         },
         "scenarios": results,
         "shipped_scenarios": shipped_results,
+        "ingress_scenarios": ingress_results,
     }
     report.write_json(args.out, doc)
     bad = {k: v for k, v in {**results, **shipped_results}.items() if v["lost"] or v["hung"]}
+    if ingress_results.get("frontend-replica-killed", {}).get("failed_after"):
+        bad["frontend-replica-killed"] = ingress_results["frontend-replica-killed"]
     if bad:
         raise SystemExit(f"requests lost or hung in {sorted(bad)}")
 
