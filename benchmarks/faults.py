@@ -100,9 +100,8 @@ def inject(url: str, scenario: str) -> tuple[str, str | None]:
     if scenario == "frontend-replica-killed":
         from ray.util import list_named_actors
 
-        frontends = sorted(
-            a["name"] for a in list_named_actors(all_namespaces=True) if f"#{APP}#frontend#" in f"#{a['name']}"
-        )
+        prefix = f"SERVE_REPLICA::{APP}#frontend#"
+        frontends = sorted(a["name"] for a in list_named_actors(all_namespaces=True) if a["name"].startswith(prefix))
         ray.kill(ray.get_actor(frontends[0], namespace="serve"), no_restart=True)
         return f"frontend replica {frontends[0]}", None
     if scenario == "haproxy-restarted":
