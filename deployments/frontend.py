@@ -19,6 +19,7 @@ from orchestrator.config import PRIMARY_GROUP, AppConfig, DataPlane
 from orchestrator.frontend import PoolGroup, build_frontend
 from orchestrator.metrics import DirectPathFallbacks
 from orchestrator.prompts import load_tokenizer
+from orchestrator.tracing import tracer_from_config
 from orchestrator.wire.client import ReplicaStreams
 
 log = logging.getLogger("ray.serve")
@@ -59,7 +60,9 @@ class Frontend:
             for name, (decode, prefill) in handles.items()
         }
         tokenizer = await asyncio.to_thread(load_tokenizer, app.model.tokenizer_source)
-        self.parts = build_frontend(app, groups, tokenizer)
+        # Tracing on (tracing.otlp_endpoint): spans exported over OTLP/HTTP by a BatchSpanProcessor.
+        self.tracer = tracer_from_config(app.tracing)
+        self.parts = build_frontend(app, groups, tokenizer, tracer=self.tracer)
         self.parts.metrics.add_collector(fallbacks)
         # Secure by default: no key on a non-loopback address is a refusal to start, naming what to set.
         problem = exposure_problem(await serve_http_host(), app.frontend.auth)
@@ -92,6 +95,8 @@ class Frontend:
             task.cancel()
         if getattr(self, "streams", None) is not None:
             self.streams.close()
+        if getattr(self, "tracer", None) is not None:
+            self.tracer.shutdown()  # exports the spans still queued
 
 
 def _key_from_env(field: str, env: str | None) -> str | None:

@@ -783,6 +783,24 @@ class PoolGroupConfig(_Strict):
         return pools
 
 
+class TracingConfig(_Strict):
+    """OpenTelemetry traces of the frontend's requests (orchestrator/tracing.py); off by default."""
+
+    otlp_endpoint: str | None = Field(
+        default=None,
+        description="OTLP/HTTP traces endpoint the frontend exports spans to, e.g. http://collector:4318/v1/traces. "
+        "None: tracing off (no spans, no trace context sent to the replicas).",
+    )
+    service_name: str = Field(default="orchestrator", description="The `service.name` of the exported spans.")
+    sample_ratio: float = Field(
+        default=1.0,
+        ge=0,
+        le=1,
+        description="Share of traces sampled where the client sends no sampled `traceparent` (a client's sampling "
+        "decision is followed).",
+    )
+
+
 class AppConfig(_Strict):
     model: ModelConfig = Field(description="The one model every pool and group serves.")
     kv_cache: KVCacheConfig = Field(
@@ -820,6 +838,10 @@ class AppConfig(_Strict):
         description="The KV transfer between prefill and decode engines and the address of each replica's KV events.",
     )
     cluster: ClusterConfig | None = Field(default=None, description="None: layouts are not checked.")
+    tracing: TracingConfig = Field(
+        default=TracingConfig(),
+        description="OpenTelemetry traces of the frontend's requests, exported over OTLP/HTTP (off by default).",
+    )
     serving_niceness: int | None = Field(
         default=0,
         ge=-20,

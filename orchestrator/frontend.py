@@ -35,6 +35,7 @@ from orchestrator.routing import RoutingParts, build_routing
 from orchestrator.routing.base import Scheduler
 from orchestrator.routing.report import SchedulerCollector
 from orchestrator.routing.shape import CombinedLoad
+from orchestrator.tracing import NOOP_TRACER, Tracer
 
 
 @dataclass(frozen=True)
@@ -114,10 +115,12 @@ def build_frontend(
     created: int | None = None,
     wall_clock: Callable[[], float] = time.time,
     new_id: Callable[[], str] | None = None,
+    tracer: Tracer = NOOP_TRACER,
 ) -> FrontendParts:
     """The frontend over `groups` (the primary group first); `tokenizer` renders prompts and output text.
     `created` (the model card's), `wall_clock` (responses' `created`) and `new_id` (response ids) are
-    injected for tests; by default the current time and random ids."""
+    injected for tests; by default the current time and random ids. `tracer`: the requests' spans
+    (`orchestrator.tracing.tracer_from_config(config.tracing)`); by default tracing is off."""
     if PRIMARY_GROUP not in groups:
         raise ValueError(f"the frontend needs the {PRIMARY_GROUP!r} pool group; got {sorted(groups)}")
     routing = build_routing(config.routing, config.kv_cache.block_size, list(groups))
@@ -151,6 +154,7 @@ def build_frontend(
         tool_parser=tool_call_parser(config, tokenizer),
         reasoning_parser=reasoning_parser(config, tokenizer),
         wall_clock=wall_clock,
+        tracer=tracer,
         **({"new_id": new_id} if new_id is not None else {}),
     )
     kv_events = KVEventSubscriber(list(pools.values()), routing.ingest, metrics, subscribe=publishes_kv_events(config))

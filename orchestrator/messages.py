@@ -144,6 +144,9 @@ class EngineRequest:
     # vLLM's cache_salt: the engine and the KV index key this prompt's cached blocks under it, so a prompt
     # reuses only the cache of prompts with the same salt. Kept by every transformation below.
     cache_salt: str | None = None
+    # The W3C `traceparent` of the frontend's span of this request, when tracing is on (orchestrator/tracing.py):
+    # an engine that traces (vLLM with an OTLP endpoint) parents its spans under it. Kept by every transformation.
+    trace_context: str | None = None
 
     def for_prefill(self, replica: str | None, samples_first_token: bool = False) -> EngineRequest:
         """The request sent to a prefill replica: the same prompt, one token, KV

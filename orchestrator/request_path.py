@@ -54,6 +54,7 @@ from orchestrator.messages import EngineChunk, EngineRequest, KVTransfer, Prefil
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import PoolClient, ReplicaView
 from orchestrator.routing.base import RouteDecision, RouteKind, RouteReason, Scheduler
+from orchestrator.tracing import NOOP_SPAN, Span
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,8 @@ class RequestTrace:
     prefill: PrefillResult | None = None
     fallback: FallbackReason | None = None
     migrations: int = 0
+    # The choice's span (tracing on): the route and a remote prefill are its children.
+    span: Span = NOOP_SPAN
 
 
 class _ConcurrentPrefillFailed(Exception):
@@ -151,18 +154,35 @@ class RequestPath:
         decode_replicas = self._trusted(live_decode)
         followed = [v for v in decode_replicas if v.replica_id == follow]
         start = self.clock()
+        route_span = trace.span.child("route")
         # Routed as if aggregated (the scheduler accounts a local prefill), then named for why.
         local_reason = None
         if followed:
             decode_replicas, local_reason = followed, RouteReason.SIBLING_SAMPLE
         elif request.prefills_where_it_decodes:
             local_reason = RouteReason.PROMPT_LOGPROBS
-        if local_reason is not None:
-            route = self.scheduler.route_request(request, None, decode_replicas, blocks)
-            if prefill_replicas is not None:
-                route = replace(route, kind=RouteKind.LOCAL_PREFILL, reason=local_reason)
-        else:
-            route = self.scheduler.route_request(request, prefill_replicas, decode_replicas, blocks)
+        try:
+            if local_reason is not None:
+                route = self.scheduler.route_request(request, None, decode_replicas, blocks)
+                if prefill_replicas is not None:
+                    route = replace(route, kind=RouteKind.LOCAL_PREFILL, reason=local_reason)
+            else:
+                route = self.scheduler.route_request(request, prefill_replicas, decode_replicas, blocks)
+            if route_span.recording:
+                route_span.set_attributes(
+                    {
+                        "route.kind": route.kind,
+                        "route.reason": route.reason,
+                        "route.decode_replica": route.decode_replica,
+                        "route.prefill_replica": route.prefill_replica,
+                        "route.predicted_cached_tokens": route.predicted_cached_tokens,
+                    }
+                )
+        except BaseException as e:
+            route_span.record_error(e)
+            raise
+        finally:
+            route_span.end()
         decided = self.clock() - start
         self.metrics.decision_seconds.observe(decided)
         self.metrics.hop_seconds.labels("route").observe(decided)
@@ -251,6 +271,7 @@ class RequestPath:
                     raise
                 trace.migrations += 1
                 self.metrics.migrations.inc()
+                trace.span.add_event("migration", {"replica": request.target_replica, "after_tokens": len(generated)})
                 if request.target_replica is not None:
                     failed.add(request.target_replica)
                     self._set_aside(request.target_replica)
@@ -374,6 +395,18 @@ class RequestPath:
         self, request: EngineRequest, view: ReplicaView | None, trace: RequestTrace
     ) -> KVTransfer | None:
         """Run a prefill request on its replica (`view`); None (and a counted fallback) when it fails or times out."""
+        span = trace.span.child("remote_prefill", {"prefill.replica": request.target_replica})
+        try:
+            return await self._prefill_on(request, view, trace, span)
+        except BaseException as e:
+            span.record_error(e)
+            raise
+        finally:
+            span.end()
+
+    async def _prefill_on(
+        self, request: EngineRequest, view: ReplicaView | None, trace: RequestTrace, span: Span
+    ) -> KVTransfer | None:
         assert self.prefill_pool is not None
         start = self.clock()
         try:
@@ -383,6 +416,7 @@ class RequestPath:
         except TimeoutError:
             trace.fallback = FallbackReason.TIMEOUT
         except Exception as e:  # a dead or failing prefill replica
+            span.record_error(e)
             log.warning(
                 "remote prefill of %s failed (%s: %s); prefilling on the decode replica",
                 request.request_id,
@@ -397,6 +431,10 @@ class RequestPath:
             self.metrics.kv_handoffs.inc()
             self.metrics.kv_handoff_blocks.inc(result.kv_transfer.num_blocks)
             trace.prefill = result
+            span.set_attributes(
+                {"prefill.cached_tokens": result.num_cached_tokens, "prefill.kv_blocks": result.kv_transfer.num_blocks}
+            )
             return result.kv_transfer
         self.metrics.prefill_fallbacks.labels(trace.fallback.value).inc()
+        span.set_attributes({"prefill.fallback": trace.fallback})
         return None

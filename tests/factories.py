@@ -31,6 +31,7 @@ from orchestrator.messages import (
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import ReplicaView
 from orchestrator.prompts import Tokenizer
+from orchestrator.tracing import NOOP_TRACER, Tracer
 
 MODEL = "test-model"
 
@@ -226,6 +227,7 @@ def make_frontend(
     engine_kind: str = "sim",
     tokenizer: Tokenizer | None = None,
     routing: dict[str, Any] | None = None,
+    tracer: Tracer = NOOP_TRACER,
 ) -> Frontend:
     decode = decode or FakePool("decode_pool")
     prefill = (prefill or FakePool("prefill_pool")) if disaggregated else None
@@ -260,6 +262,7 @@ def make_frontend(
         created=0,
         wall_clock=lambda: 1_700_000_000.0,
         new_id=lambda: f"req{next(ids)}",
+        tracer=tracer,
     )
 
     async def health():

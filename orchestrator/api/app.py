@@ -105,7 +105,8 @@ def build_openai_app(service: CompletionService, hooks: AppHooks) -> FastAPI:
         return _error_response(APIError(err.status_code, str(err.detail), type=kind))
 
     async def _generate(endpoint: Endpoint, request: Request) -> Response:
-        result = await service.handle(endpoint, await _read_body(request, hooks.max_request_bytes))
+        body = await _read_body(request, hooks.max_request_bytes)
+        result = await service.handle(endpoint, body, traceparent=request.headers.get("traceparent"))
         if isinstance(result, dict):
             return JSONResponse(result)
         return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -5,7 +5,8 @@ chunks merged in arrival order.
     for the lead's decode replica and follow it there (its cache holds the prompt)
     one choice streams as is; several are pumped into one queue
 
-Latency metrics (TTFT, ITL) are observed here, on choice 0, as its chunks pass.
+Latency metrics (TTFT, ITL) are observed here, on choice 0, as its chunks pass. With tracing
+on, each choice has a span under the request's, with events at its first token and its end.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from orchestrator.messages import EngineChunk, EngineRequest
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.request_path import RequestPath, RequestTrace
 from orchestrator.routing.shape import ShapeRouter
+from orchestrator.tracing import NOOP_SPAN, Span
 
 CHUNKS_QUEUED_PER_CHOICE = 4  # chunks of a request's choices waiting for its reader, per choice
 
@@ -65,31 +67,45 @@ class ChoiceFanOut:
         return self.group_paths[group], decision.blocks
 
     async def _chunks(
-        self, p: PreparedRequest, plan: ChoicePlan, trace: RequestTrace, follow: str | None = None
+        self,
+        p: PreparedRequest,
+        plan: ChoicePlan,
+        trace: RequestTrace,
+        follow: str | None = None,
+        span: Span = NOOP_SPAN,
     ) -> AsyncIterator[EngineChunk]:
-        """One choice's chunks, with latency metrics observed as they pass (of choice 0)."""
+        """One choice's chunks, with latency metrics observed as they pass (of choice 0);
+        `span`: the request's, which the choice's span is a child of."""
         last = None
         observe = plan.index == 0
         path, blocks = self.path_for(plan.request)
-        async with contextlib.aclosing(path.stream(plan.request, trace, follow, blocks)) as chunks:
-            async for chunk in chunks:
-                n = len(chunk.token_ids)
-                if n and observe:
-                    now = self.clock()
-                    if last is None:
-                        self.metrics.ttft.observe(now - p.arrival)
-                    else:
-                        for _ in range(n):
-                            self.metrics.itl.observe((now - last) / n)
-                    last = now
-                yield chunk
+        trace.span = span.child("choice", {"choice.index": plan.index, "choice.follows": follow})
+        stream = path.stream(plan.request, trace, follow, blocks)
+        if trace.span.recording:
+            stream = _traced(stream, trace)
+        try:
+            async with contextlib.aclosing(stream) as chunks:
+                async for chunk in chunks:
+                    n = len(chunk.token_ids)
+                    if n and observe:
+                        now = self.clock()
+                        if last is None:
+                            self.metrics.ttft.observe(now - p.arrival)
+                        else:
+                            for _ in range(n):
+                                self.metrics.itl.observe((now - last) / n)
+                        last = now
+                    yield chunk
+        finally:
+            trace.span.end()
 
     async def choice_chunks(
-        self, p: PreparedRequest, states: Sequence[RoutedChoice]
+        self, p: PreparedRequest, states: Sequence[RoutedChoice], span: Span = NOOP_SPAN
     ) -> AsyncIterator[tuple[int, EngineChunk]]:
-        """(choice index, chunk) of every choice as they arrive; one choice is streamed as is."""
+        """(choice index, chunk) of every choice as they arrive; one choice is streamed as is.
+        `span`: the request's span (tracing on), parent of each choice's."""
         if len(states) == 1:
-            async for chunk in self._chunks(p, states[0].plan, states[0].trace):
+            async for chunk in self._chunks(p, states[0].plan, states[0].trace, span=span):
                 yield 0, chunk
             return
         # Bounded: a reader that falls behind holds each choice's pump at its next chunk (the request path and
@@ -104,7 +120,7 @@ class ChoiceFanOut:
             followed = lead_replica[plan.prompt]
             try:
                 follow = None if plan.lead else await followed
-                async for chunk in self._chunks(p, plan, state.trace, follow):
+                async for chunk in self._chunks(p, plan, state.trace, follow, span):
                     if plan.lead and not followed.done() and state.trace.route is not None:
                         followed.set_result(state.trace.route.decode_replica)
                     await queue.put((plan.index, chunk, None))
@@ -130,3 +146,30 @@ class ChoiceFanOut:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _traced(stream: AsyncIterator[EngineChunk], trace: RequestTrace) -> AsyncIterator[EngineChunk]:
+    """`stream`, its first token and its end recorded on the choice's span (`trace.span`, recording):
+    output tokens, finish reason, cached prompt tokens (the prefilling replica's). Only while tracing."""
+    span = trace.span
+    output_tokens, cached, finish = 0, 0, None
+    try:
+        async with contextlib.aclosing(stream) as chunks:
+            async for chunk in chunks:
+                if chunk.token_ids and not output_tokens:
+                    span.add_event("first_token")
+                output_tokens += len(chunk.token_ids)
+                cached += chunk.num_cached_tokens
+                finish = chunk.finish_reason or finish
+                yield chunk
+    except BaseException as e:  # a cancellation (client gone) is marked `cancelled`, not an error
+        span.record_error(e)
+        raise
+    finally:
+        end = {
+            "output_tokens": output_tokens,
+            "finish_reason": finish,
+            "cached_prompt_tokens": trace.prefill.num_cached_tokens if trace.prefill is not None else cached,
+        }
+        span.set_attributes(end)
+        span.add_event("stream_end", end)

@@ -4,15 +4,22 @@ body -> admitted (AdmissionGate: 429 past the limit)
      -> RequestPreparer.prepare -> PreparedRequest (a plan per choice)
      -> ChoiceFanOut: each choice on its request path -> chunks
      -> ChoiceState per choice -> whole JSON response, or SSE events
+
+With tracing on (orchestrator/tracing.py), a `request` span (under the client's
+`traceparent`) covers it all: `prepare` (admission and preparation), then a
+`choice` span per choice (fan_out.py) with its `route` and `remote_prefill`
+(request_path.py). Every engine request carries the request span's traceparent.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from orchestrator.api import sse
@@ -31,6 +38,7 @@ from orchestrator.metrics import FrontendMetrics
 from orchestrator.prompts import PromptRenderer
 from orchestrator.request_path import RequestPath
 from orchestrator.routing.shape import ShapeRouter
+from orchestrator.tracing import NOOP_TRACER, Span, Tracer
 
 __all__ = ["CompletionService", "ModelCard"]
 
@@ -59,8 +67,10 @@ class CompletionService:
         shape_router: ShapeRouter | None = None,
         tool_parser: ToolCallParser | None = None,
         reasoning_parser: ReasoningParser | None = None,
+        tracer: Tracer = NOOP_TRACER,  # tracing off
     ) -> None:
         self.model = model
+        self.tracer = tracer
         self.metrics = metrics
         self.gate = gate or AdmissionGate(limit=1 << 30)
         self.retry_after_s = retry_after_s
@@ -70,10 +80,39 @@ class CompletionService:
         )
         self.fan_out = ChoiceFanOut(path, metrics, clock, group_paths, shape_router)
 
-    async def handle(self, endpoint: Endpoint, raw_body: bytes) -> dict[str, Any] | AsyncIterator[str]:
+    async def handle(
+        self, endpoint: Endpoint, raw_body: bytes, traceparent: str | None = None
+    ) -> dict[str, Any] | AsyncIterator[str]:
         """A whole response body, or (for `stream: true`) an iterator of SSE events.
         Raises APIError for anything the client must fix, and 429 when the
-        frontend is at its admission limit."""
+        frontend is at its admission limit. `traceparent`: the client's W3C trace
+        context, which the request's span continues (tracing on)."""
+        span = self.tracer.start("request", traceparent, {"endpoint": endpoint.value, "model": self.model.name})
+        stage = span.child("prepare")
+        try:
+            prepared, slot = await self._admit(endpoint, raw_body)
+        except BaseException as e:
+            for s in (stage, span):
+                s.record_error(e)
+                s.end()
+            raise
+        if stage.recording:
+            stage.set_attributes({"prompt_tokens": sum(map(len, prepared.prompts)), "choices": len(prepared.choices)})
+            span.set_attributes({"stream": prepared.stream, "choices": len(prepared.choices)})
+        stage.end()
+        if span.traceparent is not None:
+            prepared = _with_trace_context(prepared, span.traceparent)
+        if prepared.stream:
+            stream = self._sse(prepared, slot, span)
+            weakref.finalize(stream, slot.release)  # a stream never iterated still gives its slot back
+            if span.recording:
+                weakref.finalize(stream, span.end)  # and ends its span
+            return stream
+        with _held(slot, span):
+            return await self._whole(prepared, span)
+
+    async def _admit(self, endpoint: Endpoint, raw_body: bytes) -> tuple[PreparedRequest, Slot]:
+        """The prepared request and its admission slot, widened to its engine streams."""
         if not self.gate.try_enter():
             raise self._at_capacity(endpoint)
         slot = Slot(self.gate)
@@ -89,14 +128,7 @@ class CompletionService:
         if not slot.widen(len(prepared.choices)):  # prompts × n engine streams
             slot.release()
             raise self._at_capacity(endpoint)
-        if prepared.stream:
-            stream = self._sse(prepared, slot)
-            weakref.finalize(stream, slot.release)  # a stream never iterated still gives its slot back
-            return stream
-        try:
-            return await self._whole(prepared)
-        finally:
-            slot.release()
+        return prepared, slot
 
     def _at_capacity(self, endpoint: Endpoint) -> APIError:
         self.metrics.requests.labels(endpoint.value, "rejected").inc()
@@ -108,7 +140,7 @@ class CompletionService:
             headers={"Retry-After": str(self.retry_after_s)},
         )
 
-    def _finish(self, p: PreparedRequest, states: list[ChoiceState]) -> dict[str, Any]:
+    def _finish(self, p: PreparedRequest, states: list[ChoiceState], span: Span) -> dict[str, Any]:
         self.metrics.e2e.observe(self.clock() - p.arrival)
         prompt_tokens = sum(len(ids) for ids in p.prompts)
         generated = sum(len(s.totals.token_ids) for s in states)
@@ -125,6 +157,10 @@ class CompletionService:
         for s in leads:
             if s.trace.route is not None:
                 self.metrics.predicted_cached_tokens.inc(s.trace.route.predicted_cached_tokens)
+        if span.recording:
+            span.set_attributes(
+                {"prompt_tokens": prompt_tokens, "output_tokens": generated, "cached_prompt_tokens": cached}
+            )
         return usage(prompt_tokens, generated, cached)
 
     def _rejected(self, p: PreparedRequest, e: EngineRequestRejected) -> APIError:
@@ -133,10 +169,10 @@ class CompletionService:
         param = p.options.constraint_param if "grammar" in cause.lower() else None
         return bad_request(cause, param=param)
 
-    async def _whole(self, p: PreparedRequest) -> dict[str, Any]:
+    async def _whole(self, p: PreparedRequest, span: Span) -> dict[str, Any]:
         states = [ChoiceState(plan, p) for plan in p.choices]
         try:
-            async for index, chunk in self.fan_out.choice_chunks(p, states):
+            async for index, chunk in self.fan_out.choice_chunks(p, states, span):
                 states[index].totals.add(chunk)
         except EngineRequestRejected as e:
             self.metrics.requests.labels(p.endpoint.value, "client_error").inc()
@@ -147,7 +183,7 @@ class CompletionService:
         except Exception as e:
             self.metrics.requests.labels(p.endpoint.value, "server_error").inc()
             raise server_error(f"generation failed: {_cause(e)}") from None
-        usage_body = self._finish(p, states)
+        usage_body = self._finish(p, states, span)
         chat_prompt_ids, chat_prompt_logprobs = None, None
         if p.endpoint is Endpoint.CHAT:
             chat_prompt_ids = list(p.prompts[0]) if p.options.return_token_ids else None
@@ -157,15 +193,13 @@ class CompletionService:
             p.endpoint, p.header, choices, usage_body, chat_prompt_ids, chat_prompt_logprobs, p.options.prompt_text
         )
 
-    async def _sse(self, p: PreparedRequest, slot: Slot) -> AsyncIterator[str]:
+    async def _sse(self, p: PreparedRequest, slot: Slot, span: Span) -> AsyncIterator[str]:
         states = [ChoiceState(plan, p) for plan in p.choices]
-        try:
-            async for event in self._sse_events(p, states):
+        with _held(slot, span):
+            async for event in self._sse_events(p, states, span):
                 yield event
-        finally:
-            slot.release()
 
-    async def _sse_events(self, p: PreparedRequest, states: list[ChoiceState]) -> AsyncIterator[str]:
+    async def _sse_events(self, p: PreparedRequest, states: list[ChoiceState], span: Span) -> AsyncIterator[str]:
         try:
             if p.endpoint is Endpoint.CHAT:
                 # Each choice's first chunk carries the prompt's ids and text when asked, as vLLM's.
@@ -177,7 +211,7 @@ class CompletionService:
                     if s.plan.echo:
                         echo = chunk(p.endpoint, p.header, [chat_delta(s.plan.index, {"content": s.plan.echo}, None)])
                         yield sse.event(s.with_usage(echo, p.continuous_usage))
-            async for index, engine_chunk in self.fan_out.choice_chunks(p, states):
+            async for index, engine_chunk in self.fan_out.choice_chunks(p, states, span):
                 ready = states[index].held.take(engine_chunk)
                 choice = states[index].delta(ready) if ready is not None else None
                 if choice is not None:
@@ -187,12 +221,33 @@ class CompletionService:
             raise
         except Exception as e:
             rejected = isinstance(e, EngineRequestRejected)
+            span.record_error(e)
             self.metrics.requests.labels(p.endpoint.value, "client_error" if rejected else "server_error").inc()
             err = self._rejected(p, e) if rejected else server_error(f"generation failed: {_cause(e)}")
             yield sse.event(err.body())
             yield sse.DONE
             return
-        usage_body = self._finish(p, states)
+        usage_body = self._finish(p, states, span)
         if p.include_usage:
             yield sse.event(usage_chunk(p.endpoint, p.header, usage_body))
         yield sse.DONE
+
+
+def _with_trace_context(p: PreparedRequest, traceparent: str) -> PreparedRequest:
+    """`p`, every engine request of it carrying `traceparent` (the request span's)."""
+    choices = tuple(replace(c, request=replace(c.request, trace_context=traceparent)) for c in p.choices)
+    return replace(p, choices=choices)
+
+
+@contextlib.contextmanager
+def _held(slot: Slot, span: Span) -> Iterator[None]:
+    """While a response is produced: on leaving, its admission slot is released and its span ended (marked with
+    the error or cancellation that ended it)."""
+    try:
+        yield
+    except BaseException as e:
+        span.record_error(e)
+        raise
+    finally:
+        slot.release()
+        span.end()

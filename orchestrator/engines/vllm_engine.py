@@ -425,8 +425,11 @@ class VllmEngine:
         prompt = TokensPrompt(prompt_token_ids=list(request.prompt_token_ids))
         if request.cache_salt is not None:
             prompt["cache_salt"] = request.cache_salt
+        # The frontend's trace context, where this engine exports traces (vLLM drops it, warning, where not).
+        traced = request.trace_context is not None and self._engine_cfg.engine_args.get("otlp_traces_endpoint")
+        extra = {"trace_headers": {"traceparent": request.trace_context}} if traced else {}
         try:
-            async for out in self._llm.generate(prompt, params, request.request_id):
+            async for out in self._llm.generate(prompt, params, request.request_id, **extra):
                 yield out
         except (VLLMClientError, ValueError) as e:
             raise EngineRequestRejected(str(e)) from e

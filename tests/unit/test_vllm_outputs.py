@@ -67,3 +67,43 @@ def test_vllms_internal_error_finish_is_an_engine_failure_not_a_stop():
     with pytest.raises(EngineError, match="internal error"):
         asyncio.run(run())
     assert seen == [(5,)]
+
+
+class _RecordingLLM:
+    """AsyncLLM's `generate`, recording the keywords each call got."""
+
+    def __init__(self) -> None:
+        self.kwargs: list[dict] = []
+
+    async def generate(self, prompt, params, request_id, **kwargs):
+        self.kwargs.append(kwargs)
+        yield _output([5], "length")
+
+
+def test_the_trace_context_reaches_vllm_only_where_it_exports_traces():
+    """A request's traceparent goes to AsyncLLM.generate as `trace_headers` when the engine has an OTLP
+    endpoint (engine_args otlp_traces_endpoint); otherwise, or with no context, nothing is passed."""
+    traced = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+
+    def calls(engine_args: dict, trace_context: str | None) -> list[dict]:
+        app = AppConfig.model_validate(
+            {
+                "model": {"name": "m", "source": "org/m", "max_model_len": 64},
+                "kv_cache": {"block_size": 32},
+                "decode_pool": {"engine": {"device": "cpu", "engine_args": engine_args}},
+            }
+        )
+        engine = VllmEngine(EngineSpec.for_pool(app, app.decode_pool, EngineRole.AGGREGATED, "127.0.0.1"))
+        engine._llm = llm = _RecordingLLM()
+        request = EngineRequest("r", (1, 2), SamplingSpec(max_tokens=8), trace_context=trace_context)
+
+        async def go():
+            return [c async for c in engine.generate(request)]
+
+        asyncio.run(go())
+        return llm.kwargs
+
+    exporting = {"otlp_traces_endpoint": "http://collector:4318/v1/traces"}
+    assert calls(exporting, traced) == [{"trace_headers": {"traceparent": traced}}]
+    assert calls(exporting, None) == [{}]
+    assert calls({}, traced) == [{}]
