@@ -17,6 +17,7 @@ SERVING = "compare_serving.json"
 SERVING_CPU = "compare_serving_agg.json"
 POLLING = "cpu_engine_polling.json"
 FAULTS = "faults.json"
+FAULTS_INGRESS = "faults_ingress.json"
 SOAK = "soak.json"
 AIPERF = "aiperf_crosscheck.json"
 
@@ -311,6 +312,37 @@ def faults_row() -> Row:
     )
 
 
+def ingress_faults_row() -> Row:
+    """faults.py's ingress scenarios: a frontend replica killed (every request started after it must be
+    answered) and HAProxy killed (what is lost, measured)."""
+    doc = load(FAULTS_INGRESS)
+    killed = doc["ingress_scenarios"]["frontend-replica-killed"]
+    proxy = doc["ingress_scenarios"]["haproxy-restarted"]
+
+    def lost(s: dict[str, Any]) -> str:
+        return (
+            f"{s['lost']} of {s['sent']} lost ({s['in_flight_at_injection']} in flight at the fault; "
+            f"{s['failed_after']} of the {s['started_after']} started after it failed)"
+        )
+
+    back = proxy["answering_again_after_s"]
+    recovery = (
+        f"answering again within {back:.0f} s (Ray's HAProxy manager restarts it)"
+        if back is not None
+        else "not answering again within the run"
+    )
+    result = (
+        f"2 frontend replicas behind HAProxy. One frontend killed: {lost(killed)}. HAProxy SIGKILLed: "
+        f"{lost(proxy)}; {recovery}"
+    )
+    return Row(
+        what="faults at the ingress (frontend replica killed; HAProxy killed)",
+        result=result,
+        sources=(FAULTS_INGRESS,),
+        targets=(Target("every request started after a frontend is killed answered", not killed["failed_after"]),),
+    )
+
+
 # Overload at 2× and 5× the knee (soak.json)
 
 
@@ -409,4 +441,13 @@ def aiperf_row() -> Row:
 
 
 def rows() -> list[Row]:
-    return [overhead_row(), capacity_row(), serving_row(), polling_row(), faults_row(), soak_row(), aiperf_row()]
+    return [
+        overhead_row(),
+        capacity_row(),
+        serving_row(),
+        polling_row(),
+        faults_row(),
+        ingress_faults_row(),
+        soak_row(),
+        aiperf_row(),
+    ]
