@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BRIDGE = "orchbr0"
+AUTH_MODE = os.environ.get("RAY_AUTH_MODE", "disabled")
 SUBNET = "10.77.0"  # hosts get .1, .2, ...; the machine itself .254 on the bridge
 MACHINE_ADDRESS = f"{SUBNET}.254"
 RAY_PORT = 6379
@@ -176,7 +177,10 @@ class NetnsCluster:
             capture_output=True,
             text=True,
             timeout=timeout,
-            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", **(env or {})},
+            # One authentication mode on every host: Ray turns token authentication on for a head that finds
+            # a token (~/.ray/auth_token, which any local ray.init() leaves) but not always for the nodes
+            # joining it, which then cannot reach its GCS. The hosts here share one private bridge.
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": AUTH_MODE, **(env or {})},
         )
         if done.returncode != 0:
             raise RuntimeError(
