@@ -111,13 +111,16 @@ def route_problem(path: dict[str, float], sent: int, *, follows_events: bool, pr
     return None
 
 
-def _ours(routing: dict, kv_cache_gib: float):
+def _ours(routing: dict, kv_cache_gib: float, engine_cpu: dict | None = None):
+    """Our aggregated CPU app of REPLICAS replicas with these routing settings, and `engine_cpu` over its
+    engines' cpu settings."""
     overrides = {
         "decode_pool__replicas": REPLICAS,
         "decode_pool__num_cpus": 0.25,
         "frontend__num_cpus": 0.25,
         "decode_pool__engine__cpu__kv_cache_gib": kv_cache_gib,
     }
+    overrides.update({f"decode_pool__engine__cpu__{k}": v for k, v in (engine_cpu or {}).items()})
     if routing.get("policy") != "round_robin":
         routing = routing | OURS_ROUTING
     overrides.update({f"routing__{k}": v for k, v in routing.items()})

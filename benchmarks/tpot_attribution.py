@@ -23,6 +23,9 @@ Systems:
                          process at 0 (Ray's daemons, HAProxy, the load generator)
   ours-kv-events         our app, KV-aware routing on the engines' KV events (as in compare_routing):
                          what publishing and following the events costs the engines and the frontend
+  <system>-fixed-poll    any of the above with the engines' shared-memory queue readers polling every
+                         cpu.shm_poll_us (50 us) through each wait, as every run before 2026-12-06,
+                         instead of backing off to cpu.shm_poll_max_us (engines/vllm_plugin.py)
 
 Per row: the client's TTFT and TPOT; the engines' own decode time per output token (first to last output
 token of each finished request, as the engine core timed it: vLLM's
@@ -58,18 +61,29 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import httpx
+import psutil
 
 if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repository root on sys.path
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks import compare_routing, launch, peers, process_cpu, report  # noqa: E402
+from orchestrator.config import CpuEngineSettings  # noqa: E402
+from orchestrator.engines.vllm_plugin import EXIT_WITH_PARENT_ENV, SHM_POLL_MAX_ENV  # noqa: E402
 from tools.bench import warm_up  # noqa: E402
 from tools.bench_stats import parse_slo, summarize  # noqa: E402
 from tools.client import RequestRecord  # noqa: E402
 from tools.runner import Target, run_concurrency, run_schedule  # noqa: E402
 from tools.workloads import LengthDist, SyntheticWorkload, TokenPool, replay_offsets  # noqa: E402
 
-SYSTEMS = ["sglang-vllm", "sglang-vllm-round-robin", "ours-round-robin", "ours-round-robin-nice15", "ours-kv-events"]
+BASE_SYSTEMS = [
+    "sglang-vllm",
+    "sglang-vllm-round-robin",
+    "ours-round-robin",
+    "ours-round-robin-nice15",
+    "ours-kv-events",
+]
+FIXED_POLL = "-fixed-poll"
+SYSTEMS = BASE_SYSTEMS + [s + FIXED_POLL for s in BASE_SYSTEMS]
 DEFAULT_SYSTEMS = ["sglang-vllm", "sglang-vllm-round-robin", "ours-round-robin", "ours-kv-events"]
 OURS_COUNTERS = compare_routing.PATH_COUNTERS | {
     "orchestrator_engine_decode_seconds_total": (),
@@ -94,8 +108,12 @@ def vllm_decode(urls: list[str]) -> tuple[float, float]:
 @contextlib.contextmanager
 def start(system: str, kv_gib: float, log: Path) -> Iterator[tuple[str, object]]:
     """(URL, a function reading (engine decode seconds, decode tokens, path counters)) while `system` runs."""
+    engine_cpu = None
+    if system.endswith(FIXED_POLL):
+        system = system.removesuffix(FIXED_POLL)
+        engine_cpu = {"shm_poll_max_us": CpuEngineSettings().shm_poll_us}
     if system.startswith("sglang-vllm"):
-        cfg = compare_routing._ours({}, kv_gib)
+        cfg = compare_routing._ours({}, kv_gib, engine_cpu)
         policy = "round_robin" if system == "sglang-vllm-round-robin" else "cache_aware"
         with (
             peers.vllm_servers(compare_routing.REPLICAS, cfg, log, log_stats=True) as urls,
@@ -104,7 +122,7 @@ def start(system: str, kv_gib: float, log: Path) -> Iterator[tuple[str, object]]
             yield url, lambda: (*vllm_decode(urls), None)
         return
     policy = "kv_aware" if system == "ours-kv-events" else "round_robin"
-    app = compare_routing._ours({"policy": policy, "kv_events": True}, kv_gib)
+    app = compare_routing._ours({"policy": policy, "kv_events": True}, kv_gib, engine_cpu)
     if system == "ours-round-robin-nice15":
         app = app.model_copy(update={"serving_niceness": None})
     with launch.ours(app, log) as url:
@@ -124,7 +142,36 @@ def path_problem(system: str, path: dict[str, float], sent: int) -> str | None:
     """compare_routing's check: every request routed aggregated on the direct data plane, KV events applied
     only by the row that routes on them. Cached tokens predicted are not checked: the saturated load's random
     prompts share no prefix, so a KV-aware row predicts none there."""
-    return compare_routing.route_problem(path, sent, follows_events=system == "ours-kv-events", predicts=None)
+    follows_events = system.removesuffix(FIXED_POLL) == "ours-kv-events"
+    return compare_routing.route_problem(path, sent, follows_events=follows_events, predicts=None)
+
+
+def engine_poll_problem(system: str, seen: set[str | None]) -> str | None:
+    """Every engine process ran with the poll the row names: the longest sleep (the plugin's variable, read
+    from the processes' own environment) equal to the shortest for a fixed-poll row, the default otherwise."""
+    cpu = CpuEngineSettings()
+    expected = str(cpu.shm_poll_us if system.endswith(FIXED_POLL) else cpu.shm_poll_max_us)
+    return None if seen == {expected} else f"engines ran with shm poll max {sorted(map(str, seen))}, not {expected}"
+
+
+def engine_poll_settings() -> set[str | None]:
+    """The plugin's longest-poll variable as each running vLLM engine core and worker inherited it: read from
+    the nearest of it and its ancestors whose environment shows the variables `process_env` always sets (an
+    engine process renames itself with setproctitle, which may overwrite its own /proc environ)."""
+    seen = set()
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error):
+            if any(marker in " ".join(p.cmdline()) for marker in ("EngineCore", "VLLM::Worker")):
+                environ = next((e for e in map(_environ, [p, *p.parents()]) if EXIT_WITH_PARENT_ENV in e), {})
+                seen.add(environ.get(SHM_POLL_MAX_ENV))
+    return seen
+
+
+def _environ(p: psutil.Process) -> dict[str, str]:
+    try:
+        return p.environ()
+    except psutil.Error:
+        return {}
 
 
 Send = Callable[[Target], Awaitable[tuple[list[RequestRecord], float]]]
@@ -153,6 +200,7 @@ def run(system: str, send: Send, kv_gib: float, tokenizer, warmups, slo, logs: P
         target = Target(url, "tiny-llama", detokenize=lambda ids: tokenizer.decode(list(ids)))
         asyncio.run(warm_up(target, warmups))
         seconds0, tokens0, path0 = read()
+        poll_seen = engine_poll_settings()
         cpu0 = process_cpu.snapshot(process_cpu.SERVING_MARKERS + compare_routing.PEER_MARKERS)
         records, duration = asyncio.run(send(target))
         cpu = process_cpu.spent(cpu0, process_cpu.snapshot(process_cpu.SERVING_MARKERS + compare_routing.PEER_MARKERS))
@@ -178,6 +226,7 @@ def run(system: str, send: Send, kv_gib: float, tokenizer, warmups, slo, logs: P
         "cpu_ms_per_output_token": {k: 1000 * v / tokens for k, v in sorted(cpu.items())},
         "cpu_cores": {k: v / duration for k, v in sorted(cpu.items())},
     }
+    out["engine_poll_problem"] = engine_poll_problem(system, poll_seen)
     if path1 is not None:
         out["path"] = launch.increments(path0, path1)
         out["path_problem"] = path_problem(system, out["path"], result["sent"])
@@ -284,8 +333,9 @@ def main() -> None:
         for system in systems[round_ % len(systems) :] + systems[: round_ % len(systems)]:
             print(f"== round {round_ + 1} / {system}", flush=True)
             out = run(system, send, kv_gib, tokenizer, warmups, slo, logs)
-            if out.get("path_problem"):
-                wrong.append(f"{system} round {round_ + 1}: {out['path_problem']}")
+            for problem in (out.get("path_problem"), out["engine_poll_problem"]):
+                if problem:
+                    wrong.append(f"{system} round {round_ + 1}: {problem}")
             runs.setdefault(system, []).append(out)
             doc["results"] = {s: summary(runs[s]) for s in systems if s in runs}
             report.write_json(args.out, doc)

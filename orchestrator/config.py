@@ -125,6 +125,20 @@ class CpuEngineSettings(_Strict):
         "queues, instead of spinning a core each for 1 s after every message (engines/vllm_plugin.py); "
         "None keeps vLLM's spin.",
     )
+    shm_poll_max_us: PositiveInt = Field(
+        default=1000,
+        description="Longest sleep between those looks: each sleep is 1/16 of the wait so far, from shm_poll_us up "
+        "to this, so a long wait costs few looks and a message is seen at most 1/16 of its wait late. Equal to "
+        "shm_poll_us: a fixed poll.",
+    )
+
+    @model_validator(mode="after")
+    def _check_poll(self) -> CpuEngineSettings:
+        if self.shm_poll_us is not None and self.shm_poll_max_us < self.shm_poll_us:
+            raise ValueError(
+                f"cpu.shm_poll_max_us ({self.shm_poll_max_us}) is below cpu.shm_poll_us ({self.shm_poll_us})"
+            )
+        return self
 
 
 class VllmEngineConfig(_Strict):
@@ -368,6 +382,11 @@ class LimitsConfig(_Strict):
     max_prompts: PositiveInt = Field(default=64, description="Most prompts in one completion request.")
     max_logprobs: int = Field(
         default=20, ge=0, description="Most `logprobs` / `top_logprobs`; at most the engine's (vLLM: 20)."
+    )
+    stalled_stream_s: PositiveFloat = Field(
+        default=300.0,
+        description="A streamed response whose client reads nothing for this long is cut: its engine requests "
+        "aborted, its admission slot given back (counted in orchestrator_stalled_client_streams_total).",
     )
     max_json_depth: PositiveInt = Field(
         default=64,

@@ -95,6 +95,32 @@ def _tpot_saturated() -> Row:
     return Row("where TPOT goes, saturated (closed loop), 4 replicas, 2 rounds", result, (source,))
 
 
+def _rate(x: dict) -> float:
+    """Output tokens/s, the median of a tpot_attribution row's rounds."""
+    return statistics.median(y["output_tokens"] / y["duration_s"] for y in x["rounds"])
+
+
+def _tpot_poll() -> Row:
+    source = "tpot_attribution_poll.json"
+    r = load(source)["results"]
+    ours, sg = r["ours-round-robin"], r["sglang-vllm-round-robin"]
+    ours_fixed, sg_fixed = r["ours-round-robin-fixed-poll"], r["sglang-vllm-round-robin-fixed-poll"]
+
+    def engines(x: dict) -> float:
+        return _serving_cpu(x["cpu_ms_per_output_token"], ("engine_core", "engine_worker"))
+
+    result = (
+        f"output tokens/s, engines' queue poll backing off to 1 ms vs a fixed 50 µs poll: ours round robin "
+        f"{_rate(ours):.0f} vs {_rate(ours_fixed):.0f} ({ratio(_rate(ours), _rate(ours_fixed))}), SGLang's gateway "
+        f"round robin {_rate(sg):.0f} vs {_rate(sg_fixed):.0f} ({ratio(_rate(sg), _rate(sg_fixed))}). Ours vs "
+        f"SGLang's: {ratio(_rate(ours), _rate(sg))} backing off, {ratio(_rate(ours_fixed), _rate(sg_fixed))} fixed. "
+        f"Engine CPU ms per output token: ours {engines(ours):.2f} vs {engines(ours_fixed):.2f} fixed, SGLang's "
+        f"{engines(sg):.2f} vs {engines(sg_fixed):.2f}; TPOT p50 ours {ours['tpot_p50_ms']:.1f} ms vs SGLang's "
+        f"{sg['tpot_p50_ms']:.1f}, TTFT p99 {ours['ttft_p99_ms']:.0f} vs {sg['ttft_p99_ms']:.0f}"
+    )
+    return Row("the engines' queue poll at saturation (16 in flight), 4 replicas, 2 rounds", result, (source,))
+
+
 def _longest_answer() -> Row:
     source = "longest_answer.json"
     runs = load(source)["runs"]
@@ -179,6 +205,7 @@ def rows() -> list[Row]:
         ),
         _tpot_mooncake(),
         _tpot_saturated(),
+        _tpot_poll(),
         _longest_answer(),
         _scheduler_cost(),
         _shape_routing(),

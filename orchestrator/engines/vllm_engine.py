@@ -34,7 +34,12 @@ from orchestrator.engines.base import (
 )
 from orchestrator.engines.ports import listen_port
 from orchestrator.engines.vllm_kv_events import decode_batch, events_config
-from orchestrator.engines.vllm_plugin import EXIT_WITH_PARENT_ENV, NIXL_PROGRESS_DELAY_ENV, SHM_POLL_ENV
+from orchestrator.engines.vllm_plugin import (
+    EXIT_WITH_PARENT_ENV,
+    NIXL_PROGRESS_DELAY_ENV,
+    SHM_POLL_ENV,
+    SHM_POLL_MAX_ENV,
+)
 from orchestrator.messages import (
     EngineChunk,
     EngineRequest,
@@ -87,6 +92,7 @@ def process_env(engine: VllmEngineConfig, network: NetworkConfig) -> dict[str, s
         }
         if engine.cpu.shm_poll_us is not None:
             env[SHM_POLL_ENV] = str(engine.cpu.shm_poll_us)
+            env[SHM_POLL_MAX_ENV] = str(engine.cpu.shm_poll_max_us)
     return env
 
 

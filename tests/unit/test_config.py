@@ -67,6 +67,7 @@ def test_gpu_pools_ask_for_their_gpus():
         ("kv_cache.block_size", 16, "block_size=16"),
         ("decode_pool.engine.tensor_parallel_size", 2, "tensor_parallel_size"),
         ("routing.policy", "random", "routing.policy"),
+        ("decode_pool.engine.cpu.shm_poll_max_us", 10, "cpu.shm_poll_max_us (10) is below cpu.shm_poll_us (50)"),
     ],
 )
 def test_bad_values_fail_naming_the_field(path, value, fragment):

@@ -162,7 +162,7 @@ def test_cpu_engines_get_quiet_openmp_settings_and_gpu_engines_none():
     cpu = process_env(VllmEngineConfig(device="cpu", cpu={"kv_cache_gib": 2, "threads": 1}), NetworkConfig())
     assert cpu["OMP_WAIT_POLICY"] == "PASSIVE" and cpu["KMP_BLOCKTIME"] == "0"
     assert cpu["VLLM_CPU_OMP_THREADS_BIND"] == "nobind" and cpu["OMP_NUM_THREADS"] == "1"
-    assert cpu["ORCHESTRATOR_SHM_POLL_US"] == "50"
+    assert cpu["ORCHESTRATOR_SHM_POLL_US"] == "50" and cpu["ORCHESTRATOR_SHM_POLL_MAX_US"] == "1000"
     spinning = process_env(VllmEngineConfig(device="cpu", cpu={"shm_poll_us": None}), NetworkConfig())
     assert "ORCHESTRATOR_SHM_POLL_US" not in spinning
     assert process_env(VllmEngineConfig(device="cuda"), NetworkConfig()) == {"ORCHESTRATOR_EXIT_WITH_PARENT": "1"}

@@ -12,6 +12,7 @@ import textwrap
 import time
 
 import nixl._api as api
+import pytest
 import vllm.distributed.device_communicators.shm_broadcast as shm
 
 from orchestrator.engines import vllm_plugin
@@ -36,14 +37,16 @@ def test_without_the_variables_the_plugin_changes_nothing(monkeypatch):
     monkeypatch.setattr(vllm_plugin, "_installed", set())
     for name in (vllm_plugin.NIXL_PROGRESS_DELAY_ENV, vllm_plugin.EXIT_WITH_PARENT_ENV, vllm_plugin.SHM_POLL_ENV):
         monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv(vllm_plugin.SHM_POLL_MAX_ENV, raising=False)
     vllm_plugin.register()
     assert api.nixlBind.nixlAgentConfig is original
     assert shm.SpinCondition is spin_condition
 
 
 def test_shm_queue_readers_sleep_between_looks_then_wait_for_the_writer(monkeypatch):
-    """Within vLLM's spin window the reader sleeps the poll interval (on the plugin's clock, faked here);
-    past it, vLLM's own wait on the writer's notification runs, woken by a notify before its timeout."""
+    """Within vLLM's spin window the reader sleeps the poll interval (on the plugin's clock, faked here; no
+    longest poll set: a fixed poll); past it, vLLM's own wait on the writer's notification runs, woken by a
+    notify before its timeout."""
     import types
 
     import zmq
@@ -54,6 +57,7 @@ def test_shm_queue_readers_sleep_between_looks_then_wait_for_the_writer(monkeypa
     monkeypatch.setattr(shm, "SpinCondition", shm.SpinCondition)
     monkeypatch.setattr(vllm_plugin, "_installed", set())
     monkeypatch.setenv(vllm_plugin.SHM_POLL_ENV, "20000")
+    monkeypatch.delenv(vllm_plugin.SHM_POLL_MAX_ENV, raising=False)
     vllm_plugin.register()
     context = zmq.Context()
     writer = shm.SpinCondition(is_reader=False, context=context, notify_address="inproc://queue")
@@ -77,6 +81,39 @@ def test_shm_queue_readers_sleep_between_looks_then_wait_for_the_writer(monkeypa
             reader.read_cancel_socket,
             reader.write_cancel_socket,
         ):
+            socket.close(linger=0)
+        context.term()
+
+
+def test_shm_queue_readers_back_off_within_a_wait_and_start_short_after_each_read(monkeypatch):
+    """Each sleep is WAIT_SHARE of the wait so far, between the shortest and the longest poll; a read starts
+    a new wait, however long the reader then worked before looking again."""
+    import types
+
+    import zmq
+
+    now = [100.0]
+    slept: list[float] = []
+    monkeypatch.setattr(vllm_plugin, "time", types.SimpleNamespace(monotonic=lambda: now[0], sleep=slept.append))
+    monkeypatch.setattr(shm, "SpinCondition", shm.SpinCondition)
+    monkeypatch.setattr(vllm_plugin, "_installed", set())
+    monkeypatch.setenv(vllm_plugin.SHM_POLL_ENV, "50")
+    monkeypatch.setenv(vllm_plugin.SHM_POLL_MAX_ENV, "1000")
+    vllm_plugin.register()
+    context = zmq.Context()
+    reader = shm.SpinCondition(is_reader=True, context=context, notify_address="inproc://backoff")
+    try:
+        reader.last_read = 100.0
+        for waited in (0.0, 0.0016, 0.008, 0.5):  # looks at these times into the wait
+            now[0] = 100.0 + waited
+            reader.wait()
+        assert slept == pytest.approx([50e-6, 100e-6, 500e-6, 1000e-6])
+        reader.last_read = now[0] = 100.7  # a message read; the reader then works 20 ms before it looks again
+        now[0] += 0.02
+        reader.wait()
+        assert slept[-1] == pytest.approx(50e-6)
+    finally:
+        for socket in (reader.local_notify_socket, reader.read_cancel_socket, reader.write_cancel_socket):
             socket.close(linger=0)
         context.term()
 
