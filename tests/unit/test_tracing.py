@@ -16,6 +16,7 @@ from orchestrator.messages import EngineRequest, SamplingSpec
 from orchestrator.tracing import NOOP_SPAN, NOOP_TRACER, sdk_tracer, tracer_from_config
 from orchestrator.wire.frames import FrameReader, Op, encode
 from tests.factories import MODEL, aggregated_config, make_frontend, run
+from tests.otlp_receiver import OtlpReceiver
 
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
 CLIENT_SPAN = "00f067aa0ba902b7"
@@ -190,6 +191,30 @@ def test_an_endpoint_turns_tracing_on_with_an_otlp_exporter():
         assert tracer.start("request", TRACEPARENT).recording
     finally:
         tracer.shutdown()
+
+
+def test_spans_reach_an_otlp_endpoint_over_http_with_their_parents():
+    """The configured exporter (OTLP/HTTP, protobuf, batched) against a receiver decoding what a collector
+    would; shutdown exports what is still queued."""
+    receiver = OtlpReceiver()
+    tracer = tracer_from_config(TracingConfig(otlp_endpoint=receiver.url, service_name="frontend-a"))
+    try:
+        span = tracer.start("request", TRACEPARENT, {"endpoint": Endpoint.CHAT})
+        child = span.child("route", {"route.kind": "remote_prefill", "route.prefill_replica": None})
+        child.add_event("first_token")
+        child.end()
+        span.end()
+    finally:
+        tracer.shutdown()
+        receiver.close()
+    trace_id, client_span = TRACEPARENT.split("-")[1:3]
+    spans = {s.name: s for s in receiver.trace(trace_id)}
+    assert spans.keys() == {"request", "route"}
+    assert spans["request"].parent_span_id == client_span and spans["request"].service == "frontend-a"
+    assert spans["request"].attributes == {"endpoint": "chat"}
+    route = spans["route"]
+    assert route.parent_span_id == spans["request"].span_id
+    assert route.attributes == {"route.kind": "remote_prefill"} and route.events == ("first_token",)
 
 
 def test_the_trace_context_crosses_the_data_plane_and_every_transformation():
