@@ -158,6 +158,17 @@ class NetnsCluster:
             while pids and self.pids(host) and time.monotonic() < deadline:
                 time.sleep(0.2)
 
+    def lose(self, host: Host) -> None:
+        """`host` vanishes, as a machine that loses power: its link goes down first (nothing it sends, not
+        even its sockets' closing, reaches anyone), then every process in it is SIGKILLed. The namespace
+        stays, empty and cut off, until `down`."""
+        _ip("link", "set", host.veth, "down")
+        for pid in self.pids(host):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     # -- inside the hosts -----------------------------------------------------
 
     def pids(self, host: Host) -> list[int]:

@@ -26,6 +26,7 @@ from typing import Any
 from orchestrator.engines.base import EngineError, EngineRequestRejected
 from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
 from orchestrator.wire.frames import ErrorKind, FrameReader, Op, ProtocolError, encode, proof
+from orchestrator.wire.liveness import watch_liveness
 
 _END = object()
 
@@ -80,6 +81,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
+        watch_liveness(transport.get_extra_info("socket"))
 
     def data_received(self, data: bytes) -> None:
         try:

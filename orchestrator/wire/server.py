@@ -33,6 +33,7 @@ from typing import Any, Protocol
 from orchestrator.engines.base import EngineRequestRejected
 from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
 from orchestrator.wire.frames import NONCE_BYTES, ErrorKind, FrameReader, Op, ProtocolError, encode, proves
+from orchestrator.wire.liveness import watch_liveness
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,7 @@ class _Connection(asyncio.Protocol):
             return
         self._server.connections.add(self)
         self._transport.set_write_buffer_limits(high=self._server.limits.write_buffer_bytes)
+        watch_liveness(transport.get_extra_info("socket"))
         self._auth_deadline = asyncio.get_running_loop().call_later(
             self._server.limits.auth_timeout_s, self._refuse_proof, "no proof in time"
         )

@@ -21,6 +21,7 @@ from orchestrator.messages import (
     SamplingSpec,
     TokenLogprob,
 )
+from orchestrator.wire import liveness
 from orchestrator.wire.client import ReplicaDraining, ReplicaStreams
 from orchestrator.wire.frames import HEADER, ErrorKind, FrameReader, Op, ProtocolError, encode
 from orchestrator.wire.server import StreamServer
@@ -196,6 +197,33 @@ def test_concurrent_streams_share_one_connection():
             assert len(server.connections) == 1
 
     asyncio.run(main())
+
+
+def test_both_ends_probe_a_silent_peer_and_bound_unacknowledged_data():
+    """Keepalive and the user timeout on the frontend's and the replica's socket (wire/liveness.py): a host
+    that vanishes is found dead in liveness.DEAD_PEER_S (proved on a lost host: benchmarks/host_loss.py)."""
+
+    def settings(sock: socket.socket) -> tuple[int, ...]:
+        tcp = socket.IPPROTO_TCP
+        options = (socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT, socket.TCP_USER_TIMEOUT)
+        return (sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE), *(sock.getsockopt(tcp, o) for o in options))
+
+    async def main():
+        engine = ScriptedEngine()
+        async with served(engine) as (server, streams, address):
+            stream = streams.generate(address, request("r", 1))
+            task = asyncio.ensure_future(anext(stream))
+            await settle()
+            (replica_end,) = server.connections
+            ends = [streams._connections[address].transport, replica_end._transport]
+            got = [settings(t.get_extra_info("socket")) for t in ends]
+            engine.step(1)
+            await task
+            await stream.aclose()
+            return got
+
+    expected = (1, liveness.IDLE_S, liveness.INTERVAL_S, liveness.PROBES, liveness.DEAD_PEER_S * 1000)
+    assert asyncio.run(main()) == [expected, expected]
 
 
 def test_prefill_returns_its_result_and_cancels_on_the_replica():
