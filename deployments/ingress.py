@@ -18,7 +18,13 @@ import signal
 import socket
 from collections.abc import Iterator
 
-HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1"}
+# HAProxy replays a request on another frontend when the one it went to closed the connection before
+# answering a byte (`empty-response`: a frontend killed with the request in it, or with an idle kept-alive
+# connection HAProxy reused), not only when it could not connect (Serve's default, `conn-failure`). A
+# completion has no side effect but its compute: replayed, it is answered, later. A stream whose headers
+# were sent is never replayed; it ends with the error its client sees.
+HAPROXY_RETRY_ON = "conn-failure empty-response"
+HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_RETRY_ON": HAPROXY_RETRY_ON}
 _SERVE_HAPROXY_CONFIG_DIR = "/tmp/haproxy-serve/"
 
 

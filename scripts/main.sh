@@ -11,6 +11,8 @@ CONFIG=${1:-configs/disagg-cpu.yaml}
 # frontends' own HTTP ports instead of Serve's Python proxy. Read by the Ray
 # instance `serve run` starts.
 export RAY_SERVE_ENABLE_HA_PROXY=${RAY_SERVE_ENABLE_HA_PROXY:-1}
+# A request whose frontend died before answering a byte is replayed on another (deployments/ingress.py).
+export RAY_SERVE_HAPROXY_RETRY_ON=${RAY_SERVE_HAPROXY_RETRY_ON:-"conn-failure empty-response"}
 # A HAProxy left by a Ray instance that did not stop it would hold its ports.
 stop_orphans() { python -c 'from deployments.ingress import stop_orphaned_haproxy; stop_orphaned_haproxy()'; }
 stop_orphans

@@ -177,7 +177,12 @@ except KeyboardInterrupt:
 """
 # The launcher's wait for health: the stand-in answers the first check; a URL it does not serve fails in this time.
 HEALTHY_WITHIN_S = 30
-INGRESS_SWITCHES = {"RAY_SERVE_ENABLE_HA_PROXY", "RAY_SERVE_HAPROXY_STATS_PORT", "RAY_SERVE_HAPROXY_METRICS_PORT"}
+INGRESS_SWITCHES = {
+    "RAY_SERVE_ENABLE_HA_PROXY",
+    "RAY_SERVE_HAPROXY_RETRY_ON",
+    "RAY_SERVE_HAPROXY_STATS_PORT",
+    "RAY_SERVE_HAPROXY_METRICS_PORT",
+}
 
 
 @dataclass
@@ -297,6 +302,7 @@ def test_our_app_is_served_from_the_serve_config_written_with_ray_started_and_th
     # The ingress switches reach Ray's processes through the environment both commands start with.
     switches = _changed_env(ray_start.env)
     assert set(switches) == INGRESS_SWITCHES and switches["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+    assert switches["RAY_SERVE_HAPROXY_RETRY_ON"] == "conn-failure empty-response"
     assert _changed_env(served.how["env"]) == switches
     assert (served.how["cwd"], served.how["start_new_session"]) == (launch.ROOT, True)
     # Stopped: serve run by SIGINT to its group, then `ray stop --force`, then the HAProxy it leaves orphaned.
