@@ -167,11 +167,6 @@ class FrontendMetrics:
             ["reason"],
             registry=r,
         )
-        self.stalled_client_streams = Counter(
-            f"{PREFIX}_stalled_client_streams",
-            "Streamed responses cut because the client read nothing for limits.stalled_stream_s.",
-            registry=r,
-        )
         self.migrations = Counter(
             f"{PREFIX}_decode_migrations", "Streams moved to another decode replica after theirs failed.", registry=r
         )

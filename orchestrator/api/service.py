@@ -31,7 +31,6 @@ from orchestrator.api.preparation import RequestPreparer
 from orchestrator.api.prepared import ModelCard, PreparedRequest
 from orchestrator.api.reasoning_parsers import ReasoningParser
 from orchestrator.api.responses import Endpoint, chat_delta, chunk, role_chunk, usage, usage_chunk, whole_response
-from orchestrator.api.stall_guard import cut_when_stalled
 from orchestrator.api.tool_parsers import ToolCallParser
 from orchestrator.config import LimitsConfig
 from orchestrator.engines.base import EngineRequestRejected
@@ -76,7 +75,6 @@ class CompletionService:
         self.gate = gate or AdmissionGate(limit=1 << 30)
         self.retry_after_s = retry_after_s
         self.clock = clock
-        self.stalled_stream_s = limits.stalled_stream_s
         self.preparer = RequestPreparer(
             model, renderer, metrics, limits, clock, wall_clock, new_id, tool_parser, reasoning_parser
         )
@@ -105,9 +103,7 @@ class CompletionService:
         if span.traceparent is not None:
             prepared = _with_trace_context(prepared, span.traceparent)
         if prepared.stream:
-            stream = cut_when_stalled(
-                self._sse(prepared, slot, span), self.stalled_stream_s, self.metrics.stalled_client_streams.inc
-            )
+            stream = self._sse(prepared, slot, span)
             weakref.finalize(stream, slot.release)  # a stream never iterated still gives its slot back
             if span.recording:
                 weakref.finalize(stream, span.end)  # and ends its span
