@@ -383,11 +383,6 @@ class LimitsConfig(_Strict):
     max_logprobs: int = Field(
         default=20, ge=0, description="Most `logprobs` / `top_logprobs`; at most the engine's (vLLM: 20)."
     )
-    stalled_stream_s: PositiveFloat = Field(
-        default=300.0,
-        description="A streamed response whose client reads nothing for this long is cut: its engine requests "
-        "aborted, its admission slot given back (counted in orchestrator_stalled_client_streams_total).",
-    )
     max_json_depth: PositiveInt = Field(
         default=64,
         description="Deepest nesting of objects and arrays in a request body (a schema or tool "
