@@ -18,6 +18,8 @@ SERVING_CPU = "compare_serving_agg.json"
 POLLING = "cpu_engine_polling.json"
 FAULTS = "faults.json"
 FAULTS_INGRESS = "faults_ingress.json"
+HOST_LOSS = "host_loss.json"
+STALLED = "stalled_readers.json"
 SOAK = "soak.json"
 AIPERF = "aiperf_crosscheck.json"
 
@@ -343,6 +345,47 @@ def ingress_faults_row() -> Row:
     )
 
 
+def host_loss_row() -> Row:
+    doc = load(HOST_LOSS)
+    load_ = doc["load"]
+    migrations = doc["frontend_counters"].get("orchestrator_decode_migrations_total", 0)
+    result = (
+        f"two-host network-namespace cluster, the worker host (1 of 2 decode replicas) lost under a closed loop "
+        f"of {doc['concurrency']} streams (link down, every process SIGKILLed): {load_['answered']} of "
+        f"{load_['sent']} answered in full, {load_['lost']} lost, {load_['hung']} hung, {migrations:.0f} "
+        f"migrations; E2E max {load_['e2e_max_ms'] / 1000:.1f} s (the data plane finds a silent peer dead in "
+        f"11 s); Serve ran 2 decode replicas again after {doc['rescheduled_after_s']} s"
+    )
+    met = not (load_["lost"] or load_["hung"]) and doc["rescheduled_after_s"] is not None
+    return Row(
+        what="a whole host lost under load",
+        result=result,
+        sources=(HOST_LOSS,),
+        targets=(Target("nothing lost; Serve reschedules", met),),
+    )
+
+
+def stalled_readers_row() -> Row:
+    doc = load(STALLED)
+    stall = doc["stall"]
+    growth = stall["memory_growth"]
+    result = (
+        f"{stall['streams']} streams ({doc['config']['max_tokens']} tokens, {doc['config']['logprobs']} top logprobs "
+        f"each) not read for {stall['stall_s']:.0f} s, after the same load read as it came: resident memory "
+        f"frontend {growth['frontend']:+.0%}, decode replica {growth['decode_replica']:+.0%}, engines "
+        f"{growth['engine']:+.0%}; every stream whole once read ({stall['outcomes']}). Under Ray Serve an app's "
+        "send never waits for its client: what a stalled client has not read waits in the frontend, at most "
+        "its max_tokens"
+    )
+    met = max(growth["frontend"], growth["decode_replica"]) <= 0.05
+    return Row(
+        what="stalled readers",
+        result=result,
+        sources=(STALLED,),
+        targets=(Target("frontend and replica memory within 5%", met),),
+    )
+
+
 # Overload at 2× and 5× the knee (soak.json)
 
 
@@ -448,6 +491,8 @@ def rows() -> list[Row]:
         polling_row(),
         faults_row(),
         ingress_faults_row(),
+        host_loss_row(),
+        stalled_readers_row(),
         soak_row(),
         aiperf_row(),
     ]
