@@ -4,6 +4,7 @@ processes exit when their parent is killed."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -43,37 +44,34 @@ def test_without_the_variables_the_plugin_changes_nothing(monkeypatch):
     assert shm.SpinCondition is spin_condition
 
 
-def test_shm_queue_readers_sleep_between_looks_then_wait_for_the_writer(monkeypatch):
-    """Within vLLM's spin window the reader sleeps the poll interval (on the plugin's clock, faked here; no
-    longest poll set: a fixed poll); past it, vLLM's own wait on the writer's notification runs, woken by a
-    notify before its timeout."""
+def _polling_plugin(monkeypatch, start: float, poll_us: str, max_poll_us: str | None):
+    """The plugin's queue poll registered on a fake clock starting at `start`: ([now], the sleeps it took)."""
     import types
 
-    import zmq
-
-    now = [0.0]
+    now = [start]
     slept: list[float] = []
     monkeypatch.setattr(vllm_plugin, "time", types.SimpleNamespace(monotonic=lambda: now[0], sleep=slept.append))
     monkeypatch.setattr(shm, "SpinCondition", shm.SpinCondition)
     monkeypatch.setattr(vllm_plugin, "_installed", set())
-    monkeypatch.setenv(vllm_plugin.SHM_POLL_ENV, "20000")
-    monkeypatch.delenv(vllm_plugin.SHM_POLL_MAX_ENV, raising=False)
+    monkeypatch.setenv(vllm_plugin.SHM_POLL_ENV, poll_us)
+    if max_poll_us is None:
+        monkeypatch.delenv(vllm_plugin.SHM_POLL_MAX_ENV, raising=False)
+    else:
+        monkeypatch.setenv(vllm_plugin.SHM_POLL_MAX_ENV, max_poll_us)
     vllm_plugin.register()
+    return now, slept
+
+
+@contextlib.contextmanager
+def _queue_ends(address: str):
+    """A writer's and a reader's SpinCondition (vLLM's, or the plugin's once registered) on `address`."""
+    import zmq
+
     context = zmq.Context()
-    writer = shm.SpinCondition(is_reader=False, context=context, notify_address="inproc://queue")
-    reader = shm.SpinCondition(is_reader=True, context=context, notify_address="inproc://queue")
+    writer = shm.SpinCondition(is_reader=False, context=context, notify_address=address)
+    reader = shm.SpinCondition(is_reader=True, context=context, notify_address=address)
     try:
-        reader.last_read = 0.0  # a message was just read: the spin window
-        reader.wait()
-        assert slept == [0.02]  # slept 20 ms where vLLM yields and returns
-        now[0] = reader.busy_loop_s + 1.0  # idle: vLLM's own wait on the writer's notification
-        started = time.monotonic()
-        reader.wait(timeout_ms=100)
-        assert time.monotonic() - started >= 0.09 and slept == [0.02]
-        writer.notify()
-        started = time.monotonic()
-        reader.wait(timeout_ms=10_000)
-        assert time.monotonic() - started < 9  # the notification woke it, not the timeout
+        yield writer, reader
     finally:
         for socket in (
             writer.local_notify_socket,
@@ -85,24 +83,30 @@ def test_shm_queue_readers_sleep_between_looks_then_wait_for_the_writer(monkeypa
         context.term()
 
 
+def test_shm_queue_readers_sleep_between_looks_then_wait_for_the_writer(monkeypatch):
+    """Within vLLM's spin window the reader sleeps the poll interval (on the plugin's clock, faked here; no
+    longest poll set: a fixed poll); past it, vLLM's own wait on the writer's notification runs, woken by a
+    notify before its timeout."""
+    now, slept = _polling_plugin(monkeypatch, 0.0, poll_us="20000", max_poll_us=None)
+    with _queue_ends("inproc://queue") as (writer, reader):
+        reader.last_read = 0.0  # a message was just read: the spin window
+        reader.wait()
+        assert slept == [0.02]  # slept 20 ms where vLLM yields and returns
+        now[0] = reader.busy_loop_s + 1.0  # idle: vLLM's own wait on the writer's notification
+        started = time.monotonic()
+        reader.wait(timeout_ms=100)
+        assert time.monotonic() - started >= 0.09 and slept == [0.02]
+        writer.notify()
+        started = time.monotonic()
+        reader.wait(timeout_ms=10_000)
+        assert time.monotonic() - started < 9  # the notification woke it, not the timeout
+
+
 def test_shm_queue_readers_back_off_within_a_wait_and_start_short_after_each_read(monkeypatch):
     """Each sleep is WAIT_SHARE of the wait so far, between the shortest and the longest poll; a read starts
     a new wait, however long the reader then worked before looking again."""
-    import types
-
-    import zmq
-
-    now = [100.0]
-    slept: list[float] = []
-    monkeypatch.setattr(vllm_plugin, "time", types.SimpleNamespace(monotonic=lambda: now[0], sleep=slept.append))
-    monkeypatch.setattr(shm, "SpinCondition", shm.SpinCondition)
-    monkeypatch.setattr(vllm_plugin, "_installed", set())
-    monkeypatch.setenv(vllm_plugin.SHM_POLL_ENV, "50")
-    monkeypatch.setenv(vllm_plugin.SHM_POLL_MAX_ENV, "1000")
-    vllm_plugin.register()
-    context = zmq.Context()
-    reader = shm.SpinCondition(is_reader=True, context=context, notify_address="inproc://backoff")
-    try:
+    now, slept = _polling_plugin(monkeypatch, 100.0, poll_us="50", max_poll_us="1000")
+    with _queue_ends("inproc://backoff") as (_, reader):
         reader.last_read = 100.0
         for waited in (0.0, 0.0016, 0.008, 0.5):  # looks at these times into the wait
             now[0] = 100.0 + waited
@@ -112,10 +116,6 @@ def test_shm_queue_readers_back_off_within_a_wait_and_start_short_after_each_rea
         now[0] += 0.02
         reader.wait()
         assert slept[-1] == pytest.approx(50e-6)
-    finally:
-        for socket in (reader.local_notify_socket, reader.read_cancel_socket, reader.write_cancel_socket):
-            socket.close(linger=0)
-        context.term()
 
 
 def test_engine_process_exits_when_its_parent_is_killed(tmp_path):
