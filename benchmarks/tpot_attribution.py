@@ -147,8 +147,8 @@ def path_problem(system: str, path: dict[str, float], sent: int) -> str | None:
 
 
 def engine_poll_problem(system: str, seen: set[str | None]) -> str | None:
-    """Every engine process ran with the poll the row names: the longest sleep (the plugin's variable, read
-    from the processes' own environment) equal to the shortest for a fixed-poll row, the default otherwise."""
+    """Every engine process ran with the poll the row names: the longest sleep (the plugin's variable, as
+    `engine_poll_settings` reads it) equal to the shortest for a fixed-poll row, the default otherwise."""
     cpu = CpuEngineSettings()
     expected = str(cpu.shm_poll_us if system.endswith(FIXED_POLL) else cpu.shm_poll_max_us)
     return None if seen == {expected} else f"engines ran with shm poll max {sorted(map(str, seen))}, not {expected}"
