@@ -27,7 +27,8 @@ ENGINE_LIB_USERS = {
     },
     "sglang": {"orchestrator/engines/sglang_engine.py"},
     # tiny_model.py writes the tiny test model's weights (torch + transformers); it runs no engine.
-    "torch": {"orchestrator/tiny_model.py"},
+    # h100_step_profile.py times decoder layers on a GPU with nothing but PyTorch (no engine there).
+    "torch": {"orchestrator/tiny_model.py", "benchmarks/gpu/h100_step_profile.py"},
 }
 ENGINE_KINDS = {"vllm", "sim", "sglang"}
 REGISTRY = "orchestrator/engines/__init__.py"
