@@ -238,6 +238,11 @@ def planner_controller(
                     "prefill_queued_tokens": obs.prefill_queued_tokens,
                     "proposed_prefill": decision.proposed_prefill,
                     "proposed_decode": decision.proposed_decode,
+                    # per pool a cap left short: its load over what the granted replicas hold (None: no count does)
+                    "capped": {
+                        c.pool: c.load_over_capacity if math.isfinite(c.load_over_capacity) else None
+                        for c in decision.capped
+                    },
                 }
             )
 
@@ -382,6 +387,18 @@ def summarize_run(
     }
 
 
+def time_at_cap(log: Sequence[dict], max_replicas: int) -> dict[str, float]:
+    """Shares of a policy's intervals: with a pool at `max_replicas`; and, where the policy says so (the
+    planner), with a pool its load needed more replicas for than a cap allowed."""
+    if not log:
+        return {}
+    at_max = sum(1 for e in log if max(e.get("prefill", 0), e.get("decode", 0)) >= max_replicas) / len(log)
+    shares = {"time_at_max_replicas": at_max}
+    if any("capped" in e for e in log):
+        shares["time_capped"] = sum(1 for e in log if e.get("capped")) / len(log)
+    return shares
+
+
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else seconds * 1000
 
@@ -464,6 +481,7 @@ def run_experiment(args: argparse.Namespace) -> int:
         result = run_policy(
             spec(*initial), engine, requests, horizon, args.interval_s, controller, sla, args.seed, tick
         )
+        result.update(time_at_cap(log, args.max_replicas))
         print(f"{name}: {json.dumps({k: v for k, v in result.items() if k != 'per_interval'})}", flush=True)
         return result, log
 

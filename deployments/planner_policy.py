@@ -18,6 +18,12 @@ builder the cluster simulator uses. Each report already covers the last
 interval (the replica's load window), and its prompt-token buckets line up
 across replicas on the shared clock for the pool's peak.
 
+A decision that a cap leaves short of the SLO, a metrics gap, replicas that
+do not come up and a count changed outside the planner are logged as
+warnings each interval they last, and exported as gauges. A replica whose
+newest report is older than `report_max_age_s` (two intervals, at least three
+of Serve's metric pushes) counts as not reporting.
+
 Scale-down: Serve stops routing to a replica it removes and waits up to the
 pool's `graceful_shutdown_timeout_s` for its in-flight requests; the
 frontend's KV index drops the replica when it leaves the live set.
@@ -32,6 +38,7 @@ from typing import Any
 
 from orchestrator.config import AppConfig, PlannerMode
 from orchestrator.planner.factory import make_planner
+from orchestrator.planner.faults import Faults
 from orchestrator.planner.observation import observe_pools
 from orchestrator.planner.observer import ReplicaReport
 from orchestrator.planner.planner import Observation, ScalingDecision
@@ -48,14 +55,19 @@ class _Coordinator:
         self.metrics: dict[str, dict[str, dict[Any, float]]] = {}  # pool -> metric -> replica -> value
         self.latest: dict[str, dict[Any, dict[str, float]]] = {}  # pool -> replica -> its latest report
         self.ready: dict[str, int] = {}
+        self.in_force: dict[str, int] = {}  # per pool, Serve's target: replicas starting or serving
         self.last_step: float | None = None
         self.decision: ScalingDecision | None = None
         self.gauges = _Gauges()
 
     def update(self, pool: str, ctx: Any) -> None:
         self.metrics[pool] = ctx.aggregated_metrics or {}
-        self.latest[pool] = _latest_reports(getattr(ctx, "raw_metrics", None), self.metrics[pool])
+        now = ctx.current_time if ctx.current_time is not None else time.time()
+        self.latest[pool] = _latest_reports(
+            getattr(ctx, "raw_metrics", None), self.metrics[pool], now, report_max_age_s(self.app.planner.interval_s)
+        )
         self.ready[pool] = ctx.current_num_replicas
+        self.in_force[pool] = ctx.target_num_replicas
 
     def decide(self, pool: str, now: float, current_target: int) -> int:
         interval = self.app.planner.interval_s
@@ -66,6 +78,8 @@ class _Coordinator:
             self.decision = self.planner.step(observation)
             self.last_step = now
             log.info("SLA planner (%s): %s from %s", self.app.planner.mode.value, self.decision, observation)
+            if self.decision.capped or self.decision.faults != Faults():
+                log.warning("SLA planner: %s", self.decision.reason)
             self.gauges.record(observation, self.decision, self.ready)
         if self.decision is None or self.app.planner.mode is not PlannerMode.ACT:
             return current_target
@@ -87,17 +101,32 @@ class _Coordinator:
             reports("decode_pool"),
             self.ready.get("prefill_pool", 0),
             self.ready.get("decode_pool", 0),
+            self.in_force.get("prefill_pool") if self.app.prefill_pool is not None else None,
+            self.in_force.get("decode_pool"),
         )
 
 
+def report_max_age_s(interval_s: float) -> float:
+    """The oldest a replica's newest report may be and still count: two planner intervals, and at least three
+    of the pushes that carry replicas' metrics to Serve's controller."""
+    from ray.serve._private.constants import RAY_SERVE_REPLICA_AUTOSCALING_METRIC_PUSH_INTERVAL_S as push_s
+
+    return max(2 * interval_s, 3 * push_s)
+
+
 def _latest_reports(
-    raw: dict[str, dict[Any, list]] | None, aggregated: dict[str, dict[Any, float]]
+    raw: dict[str, dict[Any, list]] | None,
+    aggregated: dict[str, dict[Any, float]],
+    now: float | None = None,
+    max_age_s: float | None = None,
 ) -> dict[Any, dict[str, float]]:
     """Each replica's latest report: per metric its newest value (a replica
     reports all its metrics at once, with one timestamp, so these are one
-    report's). A metric without raw time series (not given by every Serve)
-    takes Serve's aggregated value instead: bucket counts then may mix two
-    reports across a bucket boundary (a peak off by a bucket)."""
+    report's), none older than `max_age_s` before `now` (a replica whose
+    metrics stopped counts as not reporting). A metric without raw time
+    series (not given by every Serve) takes Serve's aggregated value instead,
+    of no known age: bucket counts then may mix two reports across a bucket
+    boundary (a peak off by a bucket)."""
     reports: dict[Any, dict[str, float]] = {}
     for name, by_replica in aggregated.items():
         if raw and raw.get(name):
@@ -106,8 +135,9 @@ def _latest_reports(
             reports.setdefault(replica, {})[name] = value
     for name, series_by_replica in (raw or {}).items():
         for replica, series in series_by_replica.items():
-            if series:
-                reports.setdefault(replica, {})[name] = max(series, key=lambda p: p.timestamp).value
+            newest = max(series, key=lambda p: p.timestamp) if series else None
+            if newest is not None and (now is None or max_age_s is None or now - newest.timestamp <= max_age_s):
+                reports.setdefault(replica, {})[name] = newest.value
     return reports
 
 
@@ -123,6 +153,10 @@ PLANNER_GAUGES = {
     "queued_prompt_tokens": "Prompt tokens the pool's replicas held with no first token yet.",
     "peak_ratio": "Peak over mean prompt tokens/s the prefill pool was sized for.",
     "burstiness": "ca^2 of the arrivals the prefill pool's queue was sized for (1: Poisson, M/D/1).",
+    "capped_load_ratio": "Load over what the granted replicas hold within the SLO where a cap binds (0: none; "
+    "-1: no count holds it).",
+    "pending_replicas": "Replicas asked for that have not come up within planner.pending_timeout_s.",
+    "metrics_gap": "1 while the planner holds the pools because a pool sent no report.",
 }
 
 
@@ -147,6 +181,9 @@ class _Gauges:
         g["queued_prompt_tokens"].set(obs.prefill_queued_tokens, tags={"pool": "prefill"})
         g["peak_ratio"].set(decision.peak_ratio, tags={"pool": "prefill"})
         g["burstiness"].set(decision.burstiness, tags={"pool": "prefill"})
+        g["metrics_gap"].set(1.0 if decision.faults.gap else 0.0, tags={"pool": "all"})
+        capped = {c.pool: c.load_over_capacity for c in decision.capped}
+        pending = {p.pool: p.missing for p in decision.faults.pending}
         for pool, proposed, desired, correction in (
             ("prefill", decision.proposed_prefill, decision.prefill, decision.prefill_correction),
             ("decode", decision.proposed_decode, decision.decode, decision.decode_correction),
@@ -155,6 +192,9 @@ class _Gauges:
             g["desired_replicas"].set(desired, tags={"pool": pool})
             g["correction"].set(correction, tags={"pool": pool})
             g["ready_replicas"].set(ready.get(f"{pool}_pool", 0), tags={"pool": pool})
+            ratio = capped.get(pool, 0.0)
+            g["capped_load_ratio"].set(ratio if math.isfinite(ratio) else -1.0, tags={"pool": pool})
+            g["pending_replicas"].set(pending.get(pool, 0), tags={"pool": pool})
 
 
 class SlaPlannerPolicy:

@@ -711,6 +711,12 @@ class PlannerConfig(_Strict):
         "(steps ahead: level + (phi + ... + phi^steps) x slope; 1: an undamped straight line). A noisy slope "
         "extrapolated over the start-up time overshoots at every turn of the load.",
     )
+    pending_timeout_s: PositiveFloat = Field(
+        default=600.0,
+        description="How long a pool may have fewer replicas serving than it asked for before the planner reports "
+        "them as not coming up (orchestrator_planner_pending_replicas, a warning each interval). Nothing waits on "
+        "them: the other pool keeps scaling, and a smaller ask cancels pending replicas first.",
+    )
     correction_after_intervals: PositiveInt = Field(
         default=2,
         description="Intervals in a row a pool must miss its target while sized for the load (the "

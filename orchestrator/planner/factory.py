@@ -3,7 +3,7 @@ policy, the simulator's experiments and the tests use."""
 
 from __future__ import annotations
 
-from orchestrator.config import AppConfig
+from orchestrator.config import AppConfig, PlannerMode
 from orchestrator.engines import engine_adapter
 from orchestrator.planner.planner import SlaPlanner
 
@@ -35,4 +35,5 @@ def make_planner(app: AppConfig) -> SlaPlanner:
         max_num_seqs=inputs.max_num_seqs or 256,
         disaggregated=app.prefill_pool is not None,
         initial=(prefill, app.decode_pool.replicas),
+        acting=app.planner.mode is PlannerMode.ACT,
     )

@@ -13,6 +13,8 @@ latest `ReplicaReport` of every serving replica of each pool.
     peak            the decode pool's prompt tokens/s over its busiest peak bucket (pool_peak_prompt_tps)
     dispersion      of the decode pool's prompt tokens per peak bucket, in mean ISLs (prompt_dispersion)
     length scv      cs^2 of the decode pool's arrived prompt lengths (prompt_length_scv)
+    reports         per pool, how many reports made it (0 with replicas in force: a metrics gap)
+    in force        per pool, the replicas asked for, starting or serving (None: not known)
 
 Ray Serve's policy (deployments/planner_policy.py) reads the reports from
 the replicas' custom autoscaling metrics; the cluster simulator
@@ -40,8 +42,11 @@ def observe_pools(
     decode: Sequence[ReplicaReport],
     prefill_ready: int,
     decode_ready: int,
+    prefill_in_force: int | None = None,
+    decode_in_force: int | None = None,
 ) -> Observation:
     """`prefill` None: aggregated serving (no prefill pool)."""
+    disaggregated = prefill is not None
     prefill = prefill or []
     rate = sum(r.arrival_rate for r in decode)
     prompt = sum(r.prompt_tokens for r in decode)
@@ -72,6 +77,10 @@ def observe_pools(
         peak_window_s=max(widths) if peak is not None and widths else None,
         prompt_dispersion=prompt_dispersion(pooled[1], mean_isl) if pooled is not None else None,
         prompt_length_scv=prompt_length_scv(decode),
+        prefill_reports=len(prefill) if disaggregated else None,
+        decode_reports=len(decode),
+        prefill_in_force=prefill_in_force,
+        decode_in_force=decode_in_force,
     )
 
 

@@ -42,7 +42,11 @@
                the most any of the last `scale_down_intervals` intervals
                asked for (a stabilisation window: one quiet interval does not
                take away what the busier ones around it needed)
-    act        the caller's: a ScalingDecision is plain data
+    act        the caller's: a ScalingDecision is plain data, which names
+               the pools a cap leaves short of the SLO (caps.py) and what
+               was not as asked (faults.py: a metrics gap holds both pools,
+               replicas that do not come up are reported, a count changed
+               outside the planner is where it resizes from)
 
 The planner keeps no clock and no I/O: the same object runs under Ray Serve's
 autoscaling policy, in the cluster simulator and in unit tests.
@@ -56,6 +60,8 @@ from dataclasses import dataclass, field
 
 from orchestrator.config import PlannerConfig, PoolBounds, SlaConfig
 from orchestrator.planner.capacity import decode_capacity, prefill_capacity, prefill_service_s
+from orchestrator.planner.caps import CapShortfall, shortfalls
+from orchestrator.planner.faults import Faults, FaultWatch, PoolView
 from orchestrator.planner.predictors import Predictor, make_predictor
 from orchestrator.sim.perf_model import PerfModel
 
@@ -82,6 +88,10 @@ class Observation:
     # var / mean of the prompt tokens per `peak_window_s` stretch, in mean ISLs (observer.prompt_dispersion)
     prompt_dispersion: float | None = None
     prompt_length_scv: float | None = None  # cs^2 of the arrived prompt lengths (observer.prompt_length_scv)
+    prefill_reports: int | None = None  # serving replicas whose report made this observation (None: not counted)
+    decode_reports: int | None = None
+    prefill_in_force: int | None = None  # replicas asked for, starting or serving (None: not known)
+    decode_in_force: int | None = None
 
     @property
     def arrival_scv(self) -> float | None:
@@ -118,6 +128,8 @@ class ScalingDecision:
     reason: str = ""
     peak_ratio: float = 1.0  # the prompt tokens/s peak-to-mean ratio the prefill pool was sized for
     burstiness: float = 1.0  # the arrivals' ca^2 the prefill pool's queue was sized for (1: Poisson, M/D/1)
+    capped: tuple[CapShortfall, ...] = ()  # pools a cap leaves short of the SLO
+    faults: Faults = Faults()  # what was not as asked; a metrics gap: the counts were held
 
 
 @dataclass
@@ -130,6 +142,11 @@ class _Hysteresis:
 
     current: int
     asks: list[int] = field(default_factory=list)  # the last asks, newest last
+
+    def restart(self, count: int) -> None:
+        """From `count` (set outside the planner), with a fresh window: it shrinks only after `intervals`
+        asks below it."""
+        self.current, self.asks = count, []
 
     def apply(self, wanted: int, intervals: int) -> int:
         self.asks = (self.asks + [wanted])[-intervals:]
@@ -150,6 +167,7 @@ class SlaPlanner:
     disaggregated: bool = True
     gpus_per_replica: int = 1
     initial: tuple[int, int] = (1, 1)  # (prefill, decode) replicas at start
+    acting: bool = True  # the caller applies the decisions (False: advisory, nothing it decides is in force)
     _peaks: list[float] = field(default_factory=list, init=False)
     _dispersions: list[float] = field(default_factory=list, init=False)
     _peak_window_s: float | None = field(default=None, init=False)
@@ -160,6 +178,8 @@ class SlaPlanner:
     _hysteresis: dict[str, _Hysteresis] = field(default_factory=dict, init=False)
     _ready_before: dict[str, int] | None = field(default=None, init=False)  # ready at the last interval's end
     _sized_misses: dict[str, int] = field(default_factory=dict, init=False)  # per signal, in a row
+    _watch: FaultWatch = field(init=False)
+    _decided: dict[str, int] | None = field(default=None, init=False)  # the last decision's counts
 
     def __post_init__(self) -> None:
         if self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None:
@@ -169,6 +189,7 @@ class SlaPlanner:
         self._predictors = {k: make_predictor(kind, **kwargs) for k in ("rate", "isl", "osl", "hit")}
         prefill0, decode0 = self.initial
         self._hysteresis = {"prefill": _Hysteresis(prefill0), "decode": _Hysteresis(decode0)}
+        self._watch = FaultWatch(self.config.pending_timeout_s)
 
     # -- the interval --------------------------------------------------------------
 
@@ -177,6 +198,11 @@ class SlaPlanner:
         experiments: the next interval and the one after start-up, taken
         the way predictions are, the larger of each); None: predicted from
         the history."""
+        faults = self._watch.see(obs.interval_s, self._pools(obs), self._decided if self.acting else None)
+        for change in faults.manual:
+            self._hysteresis[change.pool].restart(change.in_force)
+        if faults.gap:
+            return self._hold(faults)
         self._observe(obs)
         rate, isl, osl, hit = self._predict(obs)
         peak, burst = self.peak_ratio, self.burstiness
@@ -189,7 +215,8 @@ class SlaPlanner:
             burst = self._burstiness([f.arrival_scv for f in ahead if f.arrival_scv is not None], burst)
         prefill_need, decode_need = self._propose(rate, isl, osl, hit, peak, burst)
         prefill_need += self._backlog(obs.prefill_queued_tokens, obs.interval_s, isl, hit)
-        prefill, decode, reason = self._constrain(prefill_need, decode_need)
+        prefill, decode, reason, capped = self._constrain(prefill_need, decode_need)
+        self._decided = self._counts(prefill, decode)
         return ScalingDecision(
             prefill,
             decode,
@@ -200,9 +227,43 @@ class SlaPlanner:
             osl,
             self._corrections["prefill"],
             self._corrections["decode"],
-            reason,
+            "; ".join(r for r in (reason, faults.describe()) if r),
             peak,
             burst,
+            capped,
+            faults,
+        )
+
+    def _pools(self, obs: Observation) -> dict[str, PoolView]:
+        pools = {"decode": PoolView(obs.decode_replicas, obs.decode_reports, obs.decode_in_force)}
+        if self.disaggregated:
+            pools["prefill"] = PoolView(obs.prefill_replicas, obs.prefill_reports, obs.prefill_in_force)
+        return pools
+
+    def _counts(self, prefill: int, decode: int) -> dict[str, int]:
+        return {"prefill": prefill, "decode": decode} if self.disaggregated else {"decode": decode}
+
+    def _hold(self, faults: Faults) -> ScalingDecision:
+        """The counts the planner holds, unchanged, and nothing learnt: an interval without reports says
+        nothing about the load (a rate of 0 from missing reports would take the pools to their minimum)."""
+        prefill = self._hysteresis["prefill"].current if self.disaggregated else 0
+        decode = self._hysteresis["decode"].current
+        self._decided = self._counts(prefill, decode)
+        p = self._predictors
+        return ScalingDecision(
+            prefill,
+            decode,
+            float(prefill),
+            float(decode),
+            p["rate"].predict() or 0.0,
+            p["isl"].predict() or 0.0,
+            p["osl"].predict() or 0.0,
+            self._corrections["prefill"],
+            self._corrections["decode"],
+            faults.describe(),
+            self.peak_ratio,
+            self.burstiness,
+            faults=faults,
         )
 
     @property
@@ -376,12 +437,13 @@ class SlaPlanner:
             return 0.0
         return queued_tokens / (interval_s * self._flat_out_tps(isl, hit))
 
-    def _constrain(self, prefill_need: float, decode_need: float) -> tuple[int, int, str]:
+    def _constrain(self, prefill_need: float, decode_need: float) -> tuple[int, int, str, tuple[CapShortfall, ...]]:
         cfg = self.config
         prefill = _bounded(prefill_need, cfg.prefill) if self.disaggregated else 0
         decode = _bounded(decode_need, cfg.decode)
         prefill = self._hysteresis["prefill"].apply(prefill, cfg.scale_down_intervals) if self.disaggregated else 0
         decode = self._hysteresis["decode"].apply(decode, cfg.scale_down_intervals)
+        bounded = self._counts(prefill, decode)
         reason = ""
         if cfg.max_gpus is not None:
             budget = cfg.max_gpus // self.gpus_per_replica
@@ -397,7 +459,9 @@ class SlaPlanner:
                 prefill, decode = counts["prefill"], counts["decode"]
                 reason = f"GPU budget {cfg.max_gpus} binds; {first} served first"
                 self._hysteresis["prefill"].current, self._hysteresis["decode"].current = prefill, decode
-        return prefill, decode, reason
+        needed = {"prefill": prefill_need, "decode": decode_need} if self.disaggregated else {"decode": decode_need}
+        capped = shortfalls(needed, bounded, self._counts(prefill, decode))
+        return prefill, decode, "; ".join(r for r in (reason, *(c.describe() for c in capped)) if r), capped
 
 
 def _need(load: float, capacity: float) -> float:

@@ -308,6 +308,8 @@ class ClusterSim:
             self.reports("decode"),
             self.count("prefill", ReplicaState.READY),
             self.count("decode", ReplicaState.READY),
+            self.count("prefill", ReplicaState.STARTING, ReplicaState.READY) if self.disaggregated else None,
+            self.count("decode", ReplicaState.STARTING, ReplicaState.READY),
         )
 
     def _submit(self, replica_id: str, request: SimRequest) -> None:
