@@ -167,7 +167,7 @@ def main() -> None:
         failures.pop(label, None)
     report.write(
         args.out,
-        {"benchmark": "compare_serving", "version": 1, "systems": docs, "failures": failures},
+        report.document("compare_serving", 1, systems=docs, failures=failures),
         markdown,
         plot if docs else None,
     )

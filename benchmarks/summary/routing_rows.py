@@ -192,16 +192,14 @@ def _shape_routing() -> Row:
 def rows() -> list[Row]:
     return [
         _routing_row(
-            "KV-aware routing, prefix-heavy load, 4 replicas, 2 rounds (training set)",
-            "compare_routing_training_prefix.json",
+            "KV-aware routing, prefix-heavy load, 4 replicas, 2 rounds (training set; every engine's queue poll "
+            "backing off; the run before it in BENCHMARKS.md)",
+            "compare_routing_training_prefix_poll.json",
         ),
         _routing_row(
-            "KV-aware routing, Mooncake trace, 600 requests, 4 replicas, 2 rounds (test set)",
-            "compare_routing_test_mooncake.json",
-        ),
-        _routing_row(
-            "the same, rerun with the vLLM peers' stats on and ours at nice 0",
-            "compare_routing_test_mooncake_rerun.json",
+            "KV-aware routing, Mooncake trace, 600 requests, 4 replicas, 2 rounds (test set; every engine's queue "
+            "poll backing off; the runs before it in BENCHMARKS.md)",
+            "compare_routing_test_mooncake_poll.json",
         ),
         _tpot_mooncake(),
         _tpot_saturated(),
