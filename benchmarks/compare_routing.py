@@ -51,6 +51,7 @@ from tools.workloads import LengthDist, MooncakeTrace, SyntheticWorkload, TokenP
 
 TRACE = launch.TRACES / "mooncake_conversation.jsonl"
 REPLICAS = 4
+MOONCAKE_KV_CACHE_GIB = 0.5  # per replica: not every conversation's prefix fits everywhere
 SYSTEMS = [
     "ours-round-robin",
     "ours-kv-events",
@@ -154,7 +155,8 @@ def workload(name: str, pool: TokenPool, args) -> tuple[dict, list, float, float
     if name == "mooncake":
         trace = MooncakeTrace(str(TRACE), pool, block_tokens=16, max_isl=args.max_isl, max_osl=args.max_osl)
         specs = trace.requests(args.requests)
-        return trace.describe() | {"requests": len(specs), "time_scale": args.time_scale}, specs, args.time_scale, 0.5
+        description = trace.describe() | {"requests": len(specs), "time_scale": args.time_scale}
+        return description, specs, args.time_scale, MOONCAKE_KV_CACHE_GIB
     synthetic = SyntheticWorkload(
         LengthDist(1088), LengthDist(16), pool, shared_prefix_fraction=1024 / 1088, num_prefixes=32, seed=7
     )

