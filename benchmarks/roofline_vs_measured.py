@@ -134,11 +134,16 @@ def summary(rows: list[dict]) -> dict:
                 "off_by_more_than_tolerance": len(off),
             }
     off = sum(s["off_by_more_than_tolerance"] for s in out.values())
-    out["verdict"] = (
-        f"refit: the roofline's device term is off by more than {TOLERANCE:.0%} at {off} point(s) that matter"
-        if off
-        else f"within {TOLERANCE:.0%} at every point that matters"
-    )
+    matter = sum(s["points_that_matter"] for s in out.values())
+    if not matter:
+        out["verdict"] = "none: no point that matters was measured"
+    elif off:
+        out["verdict"] = (
+            f"refit: the roofline's device term is off by more than {TOLERANCE:.0%} at {off} of {matter} points "
+            "that matter"
+        )
+    else:
+        out["verdict"] = f"within {TOLERANCE:.0%} at all {matter} points that matter"
     return out
 
 
