@@ -20,7 +20,6 @@ proves nothing and fails). Writes benchmarks/results/host_loss.json.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -142,7 +141,7 @@ def markdown(doc: dict) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = launch.parser(__doc__)
     p.add_argument("--requests", type=int, default=40)
     p.add_argument("--concurrency", type=int, default=6)
     p.add_argument("--lose-after-s", type=float, default=8.0)

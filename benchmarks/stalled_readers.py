@@ -25,7 +25,6 @@ benchmarks/results/stalled_readers.json.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
@@ -225,11 +224,11 @@ def markdown(doc: dict) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = launch.parser(__doc__)
     p.add_argument("--streams", type=int, default=100)
     p.add_argument("--max-tokens", type=int, default=300)
     p.add_argument("--stall-s", type=float, default=60.0)
-    p.add_argument("--out", default="benchmarks/results/stalled_readers.json")
+    p.add_argument("--out", default=str(launch.RESULTS / "stalled_readers.json"))
     args = p.parse_args()
     launch.tiny_model()
     log = Path(args.out).with_suffix(".log")
