@@ -4,8 +4,10 @@ Serve's Python proxy. Ray's processes read these switches from the
 environment they start with, so they are set before `ray start`/`ray.init`.
 
 HAProxy also listens for its stats page and Prometheus metrics (Ray 2.60:
-8404 and 9101 on every interface, not configurable by host). Instances that
-share a machine (tests, benchmarks) take free ports for them. A HAProxy whose
+8404 and 9101, written to bind every interface). Ray starts our shim
+(`orchestrator-haproxy`, deployments/haproxy_shim.py) as its HAProxy binary,
+which binds them where the application binds. Instances that share a machine
+(tests, benchmarks) take free ports for them. A HAProxy whose
 Ray instance went away without stopping it cleanly lives on as an orphan
 holding those ports; `stop_orphaned_haproxy` ends such processes.
 """
@@ -16,7 +18,11 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 from collections.abc import Iterator
+from pathlib import Path
+
+from deployments.haproxy_shim import SHIM_NAME
 
 # HAProxy replays a request on another frontend when the one it went to closed the connection before
 # answering a byte (`empty-response`: a frontend killed with the request in it, or with an idle kept-alive
@@ -28,6 +34,14 @@ HAPROXY_ENV = {"RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_RETRY_ON": H
 _SERVE_HAPROXY_CONFIG_DIR = "/tmp/haproxy-serve/"
 
 
+def shim_path() -> str:
+    """The shim this Python environment installed, as the absolute path Ray requires."""
+    path = Path(sys.executable).parent / SHIM_NAME
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: install this project into the environment (scripts/setup.sh)")
+    return str(path)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -35,9 +49,10 @@ def _free_port() -> int:
 
 
 def ingress_env() -> dict[str, str]:
-    """HAProxy on, its stats and metrics listeners on free ports."""
+    """HAProxy on through the shim, its stats and metrics listeners on free ports."""
     return {
         **HAPROXY_ENV,
+        "RAY_SERVE_HAPROXY_BINARY_PATH": shim_path(),
         "RAY_SERVE_HAPROXY_STATS_PORT": str(_free_port()),
         "RAY_SERVE_HAPROXY_METRICS_PORT": str(_free_port()),
     }

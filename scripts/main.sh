@@ -13,6 +13,8 @@ CONFIG=${1:-configs/disagg-cpu.yaml}
 export RAY_SERVE_ENABLE_HA_PROXY=${RAY_SERVE_ENABLE_HA_PROXY:-1}
 # A request whose frontend died before answering a byte is replayed on another (deployments/ingress.py).
 export RAY_SERVE_HAPROXY_RETRY_ON=${RAY_SERVE_HAPROXY_RETRY_ON:-"conn-failure empty-response"}
+# HAProxy started through our shim: its stats and metrics listeners bind where the app binds (deployments/haproxy_shim.py).
+export RAY_SERVE_HAPROXY_BINARY_PATH=${RAY_SERVE_HAPROXY_BINARY_PATH:-"$PWD/.venv/bin/orchestrator-haproxy"}
 # A HAProxy left by a Ray instance that did not stop it would hold its ports.
 stop_orphans() { python -c 'from deployments.ingress import stop_orphaned_haproxy; stop_orphaned_haproxy()'; }
 stop_orphans

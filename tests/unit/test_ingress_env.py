@@ -1,5 +1,6 @@
-"""Every way this project starts Ray gives HAProxy the same switches (deployments/ingress.py): the cluster
-configs' `ray start` commands, the main job's script and the launcher of tests and benchmarks."""
+"""Every way this project starts Ray gives HAProxy the same switches and our shim as its binary
+(deployments/ingress.py): the cluster configs' `ray start` commands, the main job's script and the
+launcher of tests and benchmarks."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deployments.ingress import HAPROXY_ENV, ingress_env
+from deployments.ingress import HAPROXY_ENV, SHIM_NAME, ingress_env
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,12 +29,14 @@ def test_every_ray_start_of_the_cluster_configs_sets_the_ingress_switches(name):
     assert len(starts) == 2
     for command in starts:
         assert _assignments(command).items() >= HAPROXY_ENV.items(), command
+        assert _assignments(command)["RAY_SERVE_HAPROXY_BINARY_PATH"].endswith(f"/venv/bin/{SHIM_NAME}"), command
 
 
 def test_the_main_job_exports_the_ingress_switches():
     script = (ROOT / "scripts" / "main.sh").read_text()
     exported = dict(re.findall(r'^export (\w+)=\$\{\1:-"?([^"}]*)"?\}$', script, re.M))
     assert exported.items() >= HAPROXY_ENV.items()
+    assert exported["RAY_SERVE_HAPROXY_BINARY_PATH"] == f"$PWD/.venv/bin/{SHIM_NAME}"
 
 
 def test_replays_cover_a_frontend_that_closed_before_answering():
