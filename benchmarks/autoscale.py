@@ -5,6 +5,12 @@ simulator (virtual time), one run per autoscaling policy, same requests:
                 looking the replicas' start-up time ahead
   planner-md1   the same with the prefill queue sized as M/D/1 (the rule
                 before burstiness was measured: `prefill_queueing: md1`)
+  planner-wait  the same with queueing_factor on the prefill queue's wait
+                only, not the prompt's service time (`prefill_queueing:
+                wait`)
+  planner-calibrated
+                the same with the decode step scaled by what the replicas
+                measure (`decode_step_calibration: true`)
   foresight     the same planner (same sizing, corrections, hysteresis) told
                 the coming load instead of predicting it: rate, ISL, OSL and
                 peak prompt tokens/s of the busier of the next interval and
@@ -61,6 +67,13 @@ from orchestrator.sim.cluster import ClusterSim, ClusterSpec, RequestOutcome
 from orchestrator.sim.link import LINKS
 from tools import workloads
 from tools.workloads import AzureTrace, RequestSpec, TokenPool, replay_offsets
+
+# The planner variants: what each sets differently from `planner` (the shipped config).
+VARIANTS = {
+    "planner-md1": {"prefill_queueing": "md1"},
+    "planner-wait": {"prefill_queueing": "wait"},
+    "planner-calibrated": {"decode_step_calibration": True},
+}
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -224,6 +237,10 @@ def planner_controller(
                     "rate": obs.request_rate,
                     "isl": obs.mean_isl,
                     "osl": obs.mean_osl,
+                    "asked_osl": obs.mean_max_tokens,
+                    "predicted_osl": decision.predicted_osl,
+                    "decode_running": obs.decode_running,
+                    "running_decode": decision.running_decode,
                     "ttft_p99_ms": _ms(obs.ttft_p99_s),
                     "itl_p50_ms": _ms(obs.itl_p50_s),
                     "predicted_rate": decision.predicted_rate,
@@ -430,9 +447,9 @@ def run_experiment(args: argparse.Namespace) -> int:
     peak_window = args.peak_window_s
     ray_tick_s = 1.0
 
-    def planner(initial: tuple[int, int] = (1, 1), queueing: str = "kingman") -> SlaPlanner:
+    def planner(initial: tuple[int, int] = (1, 1), **variant: Any) -> SlaPlanner:
         config = PlannerConfig(
-            prefill_queueing=queueing,
+            **variant,
             mode="act",
             interval_s=args.interval_s,
             predictor=args.predictor,
@@ -456,9 +473,9 @@ def run_experiment(args: argparse.Namespace) -> int:
     def run_named(name: str) -> tuple[dict[str, Any], list[dict]]:
         log: list[dict] = []
         tick = None
-        if name in ("planner", "planner-md1", "foresight"):
+        if name in ("planner", "foresight", *VARIANTS):
             controller = planner_controller(
-                planner(initial, "md1" if name == "planner-md1" else "kingman"),
+                planner(initial, **VARIANTS.get(name, {})),
                 args.interval_s,
                 args.startup_s,
                 log,

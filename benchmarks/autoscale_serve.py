@@ -4,6 +4,9 @@ real time, the real frontend, scheduler, KV index and autoscaling), one run
 per policy, the same requests each time:
 
   planner      our SLA planner as Serve's autoscaling policy (planner.mode act)
+  planner-calibrated
+               the same with the decode step scaled by what the decode
+               replicas measure (planner.decode_step_calibration)
   ray-default  Ray Serve's own autoscaler on each pool, its defaults:
                target_ongoing_requests 2, 30 s up-scale and 600 s down-scale delay
   static-P+D   fixed pools (`--static P+D`; e.g. the best split the
@@ -87,7 +90,7 @@ def app_config(policy: str, args: argparse.Namespace) -> AppConfig:
     )
     bounds = {"min_replicas": 1, "max_replicas": args.max_replicas}
     config = launch.CONFIGS / "disagg-sim.yaml"
-    if policy == "planner":
+    if policy in ("planner", "planner-calibrated"):
         return shipped_config(
             config,
             args.model_dir,
@@ -97,6 +100,7 @@ def app_config(policy: str, args: argparse.Namespace) -> AppConfig:
             planner__interval_s=args.interval_s,
             planner__prefill=bounds,
             planner__decode=bounds,
+            planner__decode_step_calibration=policy == "planner-calibrated",
             **base,
         )
     if policy == "ray-default":

@@ -13,7 +13,7 @@ from typing import Any
 
 from benchmarks.report import table
 
-POLICIES = ("hindsight", "planner", "planner-md1", "foresight", "ray-default", "ray-tuned", "static")
+POLICIES = ("hindsight", "planner", "planner-md1", "planner-wait", "foresight", "ray-default", "ray-tuned", "static")
 
 
 def cell(r: dict[str, Any] | None) -> str:

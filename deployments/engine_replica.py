@@ -68,7 +68,8 @@ class EngineReplica:
         window, start = self.window, time.monotonic()
         # Queued in this replica until its first token, or until the stream
         # ends any other way (error, client gone: the finally).
-        key = window.arrived(len(request.prompt_token_ids))
+        asked = request.sampling.max_tokens
+        key = window.arrived(len(request.prompt_token_ids), asked)
         first, last, outputs, cached = None, start, 0, 0
         try:
             async for chunk in self.engine.generate(request):
@@ -84,9 +85,9 @@ class EngineReplica:
                         window.token_gap((now - last) / n)
                     last, outputs = now, outputs + n
                 yield chunk
-            window.finished(outputs, cached, first)
+            window.finished(outputs, cached, first, asked)
         finally:
-            window.prompt_done(key)
+            window.closed(key)
 
     async def prefill(self, request: EngineRequest) -> PrefillResult:
         if self.window is None:
@@ -96,7 +97,7 @@ class EngineReplica:
         try:
             result = await self.engine.prefill(request)
         finally:
-            window.prompt_done(key)
+            window.closed(key)
         window.finished(0, result.num_cached_tokens, time.monotonic() - start)
         return dataclasses.replace(result, replica_id=self.replica_id)
 

@@ -157,6 +157,9 @@ PLANNER_GAUGES = {
     "-1: no count holds it).",
     "pending_replicas": "Replicas asked for that have not come up within planner.pending_timeout_s.",
     "metrics_gap": "1 while the planner holds the pools because a pool sent no report.",
+    "predicted_osl": "Output tokens a request makes, as the decode pool was sized: the arrivals' max_tokens x the "
+    "share of it the finished requests made (their mean where the asks are not known).",
+    "running_floor": "Decode replicas the streams running now fill (a floor of the decode pool's size).",
 }
 
 
@@ -182,6 +185,10 @@ class _Gauges:
         g["peak_ratio"].set(decision.peak_ratio, tags={"pool": "prefill"})
         g["burstiness"].set(decision.burstiness, tags={"pool": "prefill"})
         g["metrics_gap"].set(1.0 if decision.faults.gap else 0.0, tags={"pool": "all"})
+        g["predicted_osl"].set(decision.predicted_osl, tags={"pool": "decode"})
+        g["running_floor"].set(
+            decision.running_decode if math.isfinite(decision.running_decode) else -1.0, tags={"pool": "decode"}
+        )
         capped = {c.pool: c.load_over_capacity for c in decision.capped}
         pending = {p.pool: p.missing for p in decision.faults.pending}
         for pool, proposed, desired, correction in (

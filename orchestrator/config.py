@@ -677,10 +677,18 @@ class PlannerConfig(_Strict):
     queueing_factor: PositiveFloat = Field(
         default=3.0, description="p99 TTFT over mean TTFT assumed when sizing prefill against the p99 target."
     )
-    prefill_queueing: Literal["kingman", "md1"] = Field(
+    prefill_queueing: Literal["kingman", "md1", "wait"] = Field(
         default="kingman",
         description="The prefill queue the planner sizes for: kingman (G/G/1 with the burstiness measured from "
-        "the prompt tokens arriving per peak bucket) or md1 (Poisson arrivals of equal prompts, the rule before).",
+        "the prompt tokens arriving per peak bucket, its mean TTFT under the p99 target / queueing_factor), md1 "
+        "(Poisson arrivals of equal prompts, the rule before), or wait (the same G/G/1 queue, the prompt's "
+        "service time plus queueing_factor x its mean wait under the p99 target: the factor on the wait only).",
+    )
+    decode_step_calibration: bool = Field(
+        default=False,
+        description="Scale the profile's decode step time by what the decode replicas measure: their median gap "
+        "between tokens over the profile's step at the batch they run (the mean of the last two intervals, 1 to "
+        "4), so that a pool whose engines run slower than profiled is sized from what they do.",
     )
     decode_utilization: float = Field(
         default=0.8,

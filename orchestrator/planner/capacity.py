@@ -9,6 +9,12 @@ measured profile, or the roofline of a simulated GPU).
              (the p99 target, with p99 ~ factor x mean) caps the utilisation:
              rho_max = 2(T - s) / (2(T - s) + b s).
              capacity = rho_max * isl / s  prompt tokens per second
+             wait: the factor on the wait only, p99 ~ s + queueing_factor x
+             Wmean: a prompt's own service time is no queue's, so a prompt
+             that takes half the target leaves the queue the other half
+             instead of nothing: rho_max = 2(T - s) / (2(T - s) + f b s),
+             T the p99 target, f the factor (the same as the mean rule's
+             while s is small against T).
     decode   the largest batch b whose step time at context `ctx` stays within
              the ITL target and whose KV fits the replica:
              capacity = b / step_time(b)  output tokens per second
@@ -38,17 +44,36 @@ def prefill_capacity(
     return rho_max * max(uncached_tokens, 1.0) / s
 
 
+def prefill_capacity_wait(
+    perf: PerfModel, uncached_tokens: float, ttft_target_s: float, queueing_factor: float, burstiness: float = 1.0
+) -> float:
+    """Prompt tokens per second one replica prefills with its service time plus `queueing_factor` x its mean
+    wait within the TTFT target (0 when even an idle replica misses it)."""
+    s = prefill_service_s(perf, uncached_tokens)
+    if s >= ttft_target_s:
+        return 0.0
+    slack = ttft_target_s - s
+    rho_max = 2 * slack / (2 * slack + queueing_factor * burstiness * s)
+    return rho_max * max(uncached_tokens, 1.0) / s
+
+
 def decode_batch_limit(
-    perf: PerfModel, context: float, itl_target_s: float, kv_capacity_tokens: int | None, max_num_seqs: int
+    perf: PerfModel,
+    context: float,
+    itl_target_s: float,
+    kv_capacity_tokens: int | None,
+    max_num_seqs: int,
+    step_scale: float = 1.0,
 ) -> int:
-    """The largest batch within the ITL target and the KV capacity (0: none)."""
+    """The largest batch within the ITL target and the KV capacity (0: none), a step taking `step_scale` x the
+    model's."""
     ctx = max(int(round(context)), 1)
     limit = max_num_seqs
     if kv_capacity_tokens:
         limit = min(limit, kv_capacity_tokens // ctx)
 
     def within(b: int) -> bool:
-        return perf.step_time(Batch(decode_contexts=(ctx,) * b)) <= itl_target_s * (1 + 1e-9)
+        return step_scale * perf.step_time(Batch(decode_contexts=(ctx,) * b)) <= itl_target_s * (1 + 1e-9)
 
     if limit < 1 or not within(1):
         return 0
@@ -63,10 +88,16 @@ def decode_batch_limit(
 
 
 def decode_capacity(
-    perf: PerfModel, context: float, itl_target_s: float, kv_capacity_tokens: int | None, max_num_seqs: int
+    perf: PerfModel,
+    context: float,
+    itl_target_s: float,
+    kv_capacity_tokens: int | None,
+    max_num_seqs: int,
+    step_scale: float = 1.0,
 ) -> float:
-    """Output tokens per second one replica decodes within the ITL target."""
-    b = decode_batch_limit(perf, context, itl_target_s, kv_capacity_tokens, max_num_seqs)
+    """Output tokens per second one replica decodes within the ITL target, a step taking `step_scale` x the
+    model's."""
+    b = decode_batch_limit(perf, context, itl_target_s, kv_capacity_tokens, max_num_seqs, step_scale)
     if b == 0:
         return 0.0
-    return b / perf.step_time(Batch(decode_contexts=(max(int(round(context)), 1),) * b))
+    return b / (step_scale * perf.step_time(Batch(decode_contexts=(max(int(round(context)), 1),) * b)))

@@ -4,6 +4,9 @@ latest `ReplicaReport` of every serving replica of each pool.
     requests        decode pool's arrivals/s x interval (every request reaches a decode replica)
     mean ISL        decode pool's, weighted by each replica's arrivals
     mean OSL        decode pool's, weighted by each replica's finished requests (None: none finished)
+    asked OSL       decode pool's mean `max_tokens` of the arrivals, weighted by their count (None: not known)
+    output share    decode pool's output tokens / `max_tokens` of the finished requests (None: not known)
+    running         decode pool's requests streaming output at the snapshot, summed
     prefix hits     cached / prompt tokens, both pools' cache hits over the decode pool's prompt tokens
     TTFT p99        the worst decode replica's, plus the worst prefill replica's where there is a
                     prefill pool (a client's first token waits for both)
@@ -65,6 +68,9 @@ def observe_pools(
         requests=round(rate * interval_s),
         mean_isl=mean_isl,
         mean_osl=_mean_osl(decode),
+        mean_max_tokens=_weighted_known(decode, "mean_max_tokens", "arrival_rate"),
+        output_share=_output_share(decode),
+        decode_running=round(sum(r.running for r in decode)),
         prefix_hit_rate=min(cached / prompt, 1.0) if prompt else 0.0,
         ttft_p99_s=ttft,
         itl_p50_s=sum(itl) / len(itl) if itl else None,
@@ -96,6 +102,25 @@ def _mean_osl(reports: Sequence[ReplicaReport]) -> float | None:
     if not finished:
         return None
     return sum(r.mean_osl * r.finished for r in reports) / finished
+
+
+def _weighted_known(reports: Sequence[ReplicaReport], field: str, weight: str) -> float | None:
+    """`field` averaged over the reports with weight > 0, None where one of them does not know it (0)."""
+    counted = [r for r in reports if getattr(r, weight) > 0]
+    total = sum(getattr(r, weight) for r in counted)
+    if not counted or any(getattr(r, field) <= 0 for r in counted):
+        return None
+    return sum(getattr(r, field) * getattr(r, weight) for r in counted) / total
+
+
+def _output_share(reports: Sequence[ReplicaReport]) -> float | None:
+    """Output tokens the finished requests made per token they asked for (None: none finished, or an ask
+    not known)."""
+    asked = _weighted_known(reports, "finished_max_tokens", "finished")
+    made = _mean_osl(reports)
+    if asked is None or made is None:
+        return None
+    return made / asked
 
 
 def _weighted(reports: Sequence[ReplicaReport], field: str) -> float:

@@ -4,11 +4,14 @@ autoscaling metrics carry these snapshots to the controller), not from an
 external Prometheus.
 
 Per replica, over the last `span_s` seconds:
-  arrivals/s, mean prompt tokens, mean output tokens (of requests finished),
-  prompt tokens found in the local prefix cache, p99 time to first token at
-  the replica, median gap between its tokens, requests waiting in its engine;
+  arrivals/s, mean prompt tokens, mean output tokens asked for (`max_tokens`)
+  of the requests that arrived, mean output tokens and mean `max_tokens` of
+  the requests that finished, prompt tokens found in the local prefix cache,
+  p99 time to first token at the replica, median gap between its tokens,
+  requests waiting in its engine;
 and at the snapshot:
   prompt tokens queued (requests arrived whose first token has not come yet),
+  requests streaming output (first token come, not yet gone),
   prompt tokens that arrived in each of the last complete `peak_window_s`
   buckets, and the most prompt tokens/s over one of them.
 A latency with no sample in the window is reported as -1 (metrics are floats).
@@ -46,6 +49,8 @@ class ReplicaReport:
     mean_isl: float = 0.0  # of the requests that arrived
     mean_osl: float = 0.0  # of the requests that finished (0 when none did: see `finished`)
     finished: float = 0.0  # requests that finished over the span
+    mean_max_tokens: float = 0.0  # the output tokens the requests that arrived asked for (0: not known)
+    finished_max_tokens: float = 0.0  # ... and those that finished (0: not known)
     prompt_tokens: float = 0.0  # arrived
     prompt_tokens_sq: float = 0.0  # the sum of the squares of the arrived requests' prompt tokens
     cached_tokens: float = 0.0  # found in this replica's prefix cache, of the requests that finished
@@ -53,6 +58,7 @@ class ReplicaReport:
     itl_p50_s: float | None = None
     waiting: float = 0.0  # requests queued in the engine now
     queued_prompt_tokens: float = 0.0  # prompt tokens of requests here with no first token yet
+    running: float = 0.0  # requests streaming output now: first token come, not yet gone
     peak_window_s: float | None = None  # width of a peak bucket
     peak_prompt_tps: float | None = None  # the most prompt tokens/s over one complete bucket
     bucket_now: float | None = None  # index of the bucket `now` is in, on the shared clock
@@ -64,11 +70,14 @@ class ReplicaReport:
         "mean_isl",
         "mean_osl",
         "finished",
+        "mean_max_tokens",
+        "finished_max_tokens",
         "prompt_tokens",
         "prompt_tokens_sq",
         "cached_tokens",
         "waiting",
         "queued_prompt_tokens",
+        "running",
         "peak_window_s",
         "peak_prompt_tps",
         "bucket_now",
@@ -117,35 +126,45 @@ class ReplicaLoadWindow:
         self.peak_window_s = peak_window_s
         self.peak_buckets = min(max(int(span_s // peak_window_s), 1), MAX_BUCKETS)
         self._clock = clock
-        self._arrivals: deque[tuple[float, int]] = deque(maxlen=max_samples)  # (t, prompt tokens)
-        self._finished: deque[tuple[float, int, int, float]] = deque(maxlen=max_samples)  # (t, out, cached, first)
+        # (t, prompt tokens, max_tokens)
+        self._arrivals: deque[tuple[float, int, int]] = deque(maxlen=max_samples)
+        # (t, out, cached, first, max_tokens)
+        self._finished: deque[tuple[float, int, int, float, int]] = deque(maxlen=max_samples)
         self._gaps: deque[tuple[float, float]] = deque(maxlen=max_samples)  # (t, seconds between tokens)
         self._keys = itertools.count()
         self._pending: dict[int, int] = {}  # key -> prompt tokens of a request with no first token yet
+        self._open: set[int] = set()  # keys of the requests here (arrived, not closed)
         self._queued_tokens = 0
 
-    def arrived(self, prompt_tokens: int) -> int:
-        """A request reached the replica. Its prompt tokens count as queued
-        until `prompt_done` with the key returned here."""
-        self._arrivals.append((self._clock(), prompt_tokens))
+    def arrived(self, prompt_tokens: int, max_tokens: int = 0) -> int:
+        """A request reached the replica, asking for up to `max_tokens` output
+        tokens (0: not known). Its prompt tokens count as queued until
+        `prompt_done` with the key returned here; it is here until `closed`."""
+        self._arrivals.append((self._clock(), prompt_tokens, max_tokens))
         key = next(self._keys)
         self._pending[key] = prompt_tokens
+        self._open.add(key)
         self._queued_tokens += prompt_tokens
         return key
 
     def prompt_done(self, key: int) -> None:
-        """The request's first token came, or it ended (finished, failed,
-        cancelled) without one. Idempotent: call it on the first token and
-        again when the request ends, whichever way."""
+        """The request's first token came. Idempotent."""
         self._queued_tokens -= self._pending.pop(key, 0)
+
+    def closed(self, key: int) -> None:
+        """The request left the replica, whichever way (finished, failed,
+        cancelled, with or without a first token). Idempotent."""
+        self.prompt_done(key)
+        self._open.discard(key)
 
     def token_gap(self, seconds: float) -> None:
         self._gaps.append((self._clock(), seconds))
 
-    def finished(self, output_tokens: int, cached_tokens: int, first_token_s: float | None) -> None:
-        self._finished.append(
-            (self._clock(), output_tokens, cached_tokens, MISSING if first_token_s is None else first_token_s)
-        )
+    def finished(
+        self, output_tokens: int, cached_tokens: int, first_token_s: float | None, max_tokens: int = 0
+    ) -> None:
+        first = MISSING if first_token_s is None else first_token_s
+        self._finished.append((self._clock(), output_tokens, cached_tokens, first, max_tokens))
 
     def report(self, waiting: int = 0) -> ReplicaReport:
         """May run on another thread than the recording calls (Serve runs a
@@ -163,27 +182,31 @@ class ReplicaLoadWindow:
             while samples and samples[0][0] < horizon:
                 samples.popleft()
         all_arrivals = list(self._arrivals)
-        arrivals = [p for t, p in all_arrivals if t >= since]
-        finished = [(o, c, f) for t, o, c, f in list(self._finished) if t >= since]
+        arrived = [(p, m) for t, p, m in all_arrivals if t >= since]
+        arrivals = [p for p, _ in arrived]
+        finished = [(o, c, f, m) for t, o, c, f, m in list(self._finished) if t >= since]
         gaps = [g for t, g in list(self._gaps) if t >= since]
-        firsts = [f for _, _, f in finished if f >= 0]
+        firsts = [f for _, _, f, _ in finished if f >= 0]
         prompt = sum(arrivals)
-        for t, p in all_arrivals:
+        for t, p, _ in all_arrivals:
             j = current - math.floor(t / w)
             if 1 <= j <= len(buckets):
                 buckets[j - 1] += p
         return ReplicaReport(
             arrival_rate=len(arrivals) / self.span_s,
             mean_isl=prompt / len(arrivals) if arrivals else 0.0,
-            mean_osl=float(np.mean([o for o, _, _ in finished])) if finished else 0.0,
+            mean_osl=float(np.mean([o for o, _, _, _ in finished])) if finished else 0.0,
             finished=float(len(finished)),
+            mean_max_tokens=_mean_known(m for _, m in arrived),
+            finished_max_tokens=_mean_known(m for _, _, _, m in finished),
             prompt_tokens=float(prompt),
             prompt_tokens_sq=float(sum(p * p for p in arrivals)),
-            cached_tokens=float(sum(c for _, c, _ in finished)),
+            cached_tokens=float(sum(c for _, c, _, _ in finished)),
             first_token_p99_s=float(np.quantile(firsts, 0.99)) if firsts else None,
             itl_p50_s=float(np.median(gaps)) if gaps else None,
             waiting=float(waiting),
             queued_prompt_tokens=float(self._queued_tokens),
+            running=float(len(self._open) - len(self._pending)),
             peak_window_s=float(w),
             peak_prompt_tps=max(buckets[: self.peak_buckets]) / w,
             bucket_now=float(current),
@@ -193,6 +216,14 @@ class ReplicaLoadWindow:
     def snapshot(self, waiting: int = 0) -> dict[str, float]:
         """The report as Serve's custom autoscaling metrics (flat floats)."""
         return self.report(waiting).to_metrics()
+
+
+def _mean_known(values: Iterable[int]) -> float:
+    """The mean of the known values (> 0); 0 when there is none, or one is not known (a mix says nothing)."""
+    values = list(values)
+    if not values or min(values) <= 0:
+        return 0.0
+    return float(np.mean(values))
 
 
 def pool_prompt_buckets(reports: Iterable[ReplicaReport]) -> tuple[float, list[float]] | None:

@@ -17,16 +17,30 @@
                    the arrivals' burstiness ca^2: the prompt work's measured
                    index of dispersion less the prompt lengths' cs^2, the
                    mean over the last `peak_memory_intervals`, at least 1,
-                   the M/D/1 case)
+                   the M/D/1 case); with `prefill_queueing: wait`, the
+                   service time plus queueing_factor x the mean wait
+                   under the p99 target (a prompt's own service time is no
+                   queue's)
                  predicted peak prompt tokens/s (the rate x the recent
                    peak-to-mean ratio over `peak_window_s`) / what a replica
                    computes flat out, stretched by the backlog a peak may
                    leave: a replica at rate c over a window w clears c x (1 + T/w)
                    within the TTFT target T
                plus the prompt tokens already queued, drained within one interval
-               decode  = predicted output tokens/s / (per-replica decode capacity x
-                         decode_utilization: a full batch makes new requests queue)
-               (capacities from the profile at the predicted lengths; each
+               decode  = the larger of
+                 predicted output tokens/s / (per-replica decode capacity x
+                   decode_utilization: a full batch makes new requests queue),
+                   the OSL observed being the arrivals' asked-for `max_tokens`
+                   x the share of their ask the finished requests made (sized
+                   from the traffic arriving: a turn to longer outputs shows
+                   in the first interval of it, not once they finish), the
+                   finished requests' mean where the asks are not known
+                 the streams running now / the batch one replica holds within
+                   the ITL target (the decode load in flight, whatever the
+                   model predicted)
+               (capacities from the profile at the predicted lengths, the
+               decode step scaled by what the replicas measure where
+               `decode_step_calibration` is on; each
                scaled by a correction (>= 1) learnt from observed vs target
                latency, raised only when the model can be blamed for a miss:
                the pool had the replicas the model sizes for the load observed
@@ -59,11 +73,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from orchestrator.config import PlannerConfig, PoolBounds, SlaConfig
-from orchestrator.planner.capacity import decode_capacity, prefill_capacity, prefill_service_s
+from orchestrator.planner.capacity import (
+    decode_batch_limit,
+    decode_capacity,
+    prefill_capacity,
+    prefill_capacity_wait,
+    prefill_service_s,
+)
 from orchestrator.planner.caps import CapShortfall, shortfalls
 from orchestrator.planner.faults import Faults, FaultWatch, PoolView
 from orchestrator.planner.predictors import Predictor, make_predictor
-from orchestrator.sim.perf_model import PerfModel
+from orchestrator.sim.perf_model import Batch, PerfModel
 
 
 @dataclass(frozen=True)
@@ -75,6 +95,9 @@ class Observation:
     requests: int  # arrived in the interval
     mean_isl: float = 0.0
     mean_osl: float | None = 0.0  # of the requests that finished; None: none did (no sample)
+    mean_max_tokens: float | None = None  # output tokens the arrivals asked for (None: not known)
+    output_share: float | None = None  # output tokens made / asked for, of the finished (None: not known)
+    decode_running: int = 0  # requests streaming output in the decode pool at the end of the interval
     prefix_hit_rate: float = 0.0  # cached / prompt tokens
     ttft_p99_s: float | None = None
     itl_p50_s: float | None = None
@@ -130,6 +153,7 @@ class ScalingDecision:
     burstiness: float = 1.0  # the arrivals' ca^2 the prefill pool's queue was sized for (1: Poisson, M/D/1)
     capped: tuple[CapShortfall, ...] = ()  # pools a cap leaves short of the SLO
     faults: Faults = Faults()  # what was not as asked; a metrics gap: the counts were held
+    running_decode: float = 0.0  # decode replicas the streams running now fill (a floor of proposed_decode)
 
 
 @dataclass
@@ -180,6 +204,8 @@ class SlaPlanner:
     _sized_misses: dict[str, int] = field(default_factory=dict, init=False)  # per signal, in a row
     _watch: FaultWatch = field(init=False)
     _decided: dict[str, int] | None = field(default=None, init=False)  # the last decision's counts
+    _output_share: float | None = field(default=None, init=False)  # output tokens made / asked (None: not seen)
+    _step_scale: float = field(default=1.0, init=False)  # measured decode step / the profile's (calibration)
 
     def __post_init__(self) -> None:
         if self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None:
@@ -215,6 +241,8 @@ class SlaPlanner:
             burst = self._burstiness([f.arrival_scv for f in ahead if f.arrival_scv is not None], burst)
         prefill_need, decode_need = self._propose(rate, isl, osl, hit, peak, burst)
         prefill_need += self._backlog(obs.prefill_queued_tokens, obs.interval_s, isl, hit)
+        running = self._running_need(obs.decode_running, isl, osl)
+        decode_need = max(decode_need, running)
         prefill, decode, reason, capped = self._constrain(prefill_need, decode_need)
         self._decided = self._counts(prefill, decode)
         return ScalingDecision(
@@ -232,6 +260,7 @@ class SlaPlanner:
             burst,
             capped,
             faults,
+            running,
         )
 
     def _pools(self, obs: Observation) -> dict[str, PoolView]:
@@ -288,11 +317,19 @@ class SlaPlanner:
     def _observe(self, obs: Observation) -> None:
         p = self._predictors
         p["rate"].observe(obs.request_rate)
+        if obs.output_share is not None:  # the newer interval weighs half: the share moves with the traffic's mix
+            seen = self._output_share
+            self._output_share = obs.output_share if seen is None else (seen + obs.output_share) / 2
         if obs.requests:
             p["isl"].observe(obs.mean_isl)
             p["hit"].observe(obs.prefix_hit_rate)
-        if obs.requests and obs.mean_osl is not None:
-            p["osl"].observe(obs.mean_osl)
+        if self.config.decode_step_calibration:
+            self._calibrate_step(obs)
+        osl = self._arriving_osl(obs)
+        if osl is None and obs.mean_osl is not None:
+            osl = obs.mean_osl
+        if obs.requests and osl is not None:
+            p["osl"].observe(osl)
         # What the model says the load just seen needed, uncorrected: a pool
         # short of it missed its target because it was late, which is no
         # reason to distrust the model (the backlog term catches up instead).
@@ -363,12 +400,53 @@ class SlaPlanner:
         self._sized_misses[signal] = self._sized_misses.get(signal, 0) + 1 if missed else 0
         return self._sized_misses[signal] >= self.config.correction_after_intervals
 
+    def _arriving_osl(self, obs: Observation) -> float | None:
+        """The output tokens the interval's arrivals will make: what they asked for x the share of their
+        ask the finished requests made (None: either not known)."""
+        if obs.mean_max_tokens is None or self._output_share is None:
+            return None
+        return obs.mean_max_tokens * self._output_share
+
     def _osl_seen(self, obs: Observation) -> float:
-        """The interval's mean OSL; where no request finished in it, the
-        predictor's (the outputs of the requests in flight are not 0)."""
+        """The interval's OSL: its arrivals' (`_arriving_osl`); where not known, the mean of the requests
+        that finished in it; where none did, the predictor's (the outputs of the requests in flight are
+        not 0)."""
+        osl = self._arriving_osl(obs)
+        if osl is not None:
+            return osl
         if obs.mean_osl is not None:
             return obs.mean_osl
         return self._predictors["osl"].predict() or 0.0
+
+    def _calibrate_step(self, obs: Observation) -> None:
+        """The decode replicas' median gap between tokens over the profile's step at the batch they ran (the
+        streams running per replica at the interval's end, at the interval's mean context), averaged with the
+        last interval's and held within [1, 4]: an interval with no stream or no gap measured changes
+        nothing."""
+        if obs.itl_p50_s is None or obs.decode_running <= 0 or obs.decode_replicas <= 0:
+            return
+        batch = max(round(obs.decode_running / obs.decode_replicas), 1)
+        context = max(int(round(obs.mean_isl + self._osl_seen(obs) / 2)), 1)
+        modelled = self.perf.step_time(Batch(decode_contexts=(context,) * batch))
+        if modelled <= 0:
+            return
+        ratio = min(max(obs.itl_p50_s / modelled, 1.0), 4.0)
+        self._step_scale = (self._step_scale + ratio) / 2
+
+    def _running_need(self, running: int, isl: float, osl: float) -> float:
+        """Decode replicas the streams running now fill: one holds the largest batch within the ITL
+        target at the mean context (0 running: 0; a batch of 1 already over the target: infinite)."""
+        if running <= 0:
+            return 0.0
+        batch = decode_batch_limit(
+            self.perf,
+            isl + osl / 2,
+            self.sla.itl_p50_ms / 1000,
+            self.kv_capacity_tokens,
+            self.max_num_seqs,
+            self._step_scale,
+        )
+        return running / batch if batch else math.inf
 
     def _predict(self, obs: Observation) -> tuple[float, float, float, float]:
         """The busier of the next interval and the one that starts when a
@@ -397,9 +475,15 @@ class SlaPlanner:
             return 0.0, 0.0
         uncached = max(isl * (1.0 - hit), 1.0)
         ttft_target = self.sla.ttft_p99_ms / 1000
-        prefill_cap = prefill_capacity(self.perf, uncached, ttft_target, self.config.queueing_factor, burstiness)
+        rule = prefill_capacity_wait if self.config.prefill_queueing == "wait" else prefill_capacity
+        prefill_cap = rule(self.perf, uncached, ttft_target, self.config.queueing_factor, burstiness)
         decode_cap = decode_capacity(
-            self.perf, isl + osl / 2, self.sla.itl_p50_ms / 1000, self.kv_capacity_tokens, self.max_num_seqs
+            self.perf,
+            isl + osl / 2,
+            self.sla.itl_p50_ms / 1000,
+            self.kv_capacity_tokens,
+            self.max_num_seqs,
+            self._step_scale,
         )
         prefill = _need(rate * uncached, prefill_cap)
         if peak_ratio > 1.0 and self._peak_window_s:

@@ -115,6 +115,7 @@ class _Timing:
     key: int
     start: float
     local_prefill: bool
+    max_tokens: int  # asked for (0: a prefill)
     first: float | None = None
     last: float = 0.0
     outputs: int = 0
@@ -253,25 +254,28 @@ class ClusterSim:
             self.replicas[route.prefill_replica].inflight += 1
             prefill_id = f"{request_id}-prefill"
             self._prefill_of[prefill_id] = (request_id, request, route)
-            self._arrived_at(route.prefill_replica, prefill_id, len(request.prompt_token_ids), False)
+            self._arrived_at(route.prefill_replica, prefill_id, len(request.prompt_token_ids), False, 0)
             self._submit(
                 route.prefill_replica, SimRequest(prefill_id, list(request.prompt_token_ids), 1, hold_for_transfer=True)
             )
         else:
-            self._arrived_at(route.decode_replica, request_id, len(request.prompt_token_ids), True)
+            self._arrived_at(route.decode_replica, request_id, len(request.prompt_token_ids), True, a.max_tokens)
             self._submit(route.decode_replica, SimRequest(request_id, list(request.prompt_token_ids), a.max_tokens))
 
     # -- what each replica reports to the planner (as deployments/engine_replica.py records it) ------------------
 
-    def _arrived_at(self, replica_id: str, request_id: str, prompt_tokens: int, local_prefill: bool) -> None:
+    def _arrived_at(
+        self, replica_id: str, request_id: str, prompt_tokens: int, local_prefill: bool, max_tokens: int
+    ) -> None:
         window = self.replicas[replica_id].window
         if window is not None:
-            self._timings[request_id] = _Timing(window.arrived(prompt_tokens), self.now, local_prefill)
+            key = window.arrived(prompt_tokens, max_tokens)
+            self._timings[request_id] = _Timing(key, self.now, local_prefill, max_tokens)
 
     def _prefilled_at(self, replica: _Replica, prefill_id: str, cached_tokens: int) -> None:
         timing = self._timings.pop(prefill_id, None)
         if timing is not None:
-            replica.window.prompt_done(timing.key)
+            replica.window.closed(timing.key)
             replica.window.finished(0, cached_tokens, self.now - timing.start)
 
     def _token_at(self, replica: _Replica, emitted: Emitted, finished: bool) -> None:
@@ -288,7 +292,8 @@ class ClusterSim:
         timing.last = self.now
         timing.outputs += 1
         if finished:
-            window.finished(timing.outputs, timing.cached, timing.first)
+            window.finished(timing.outputs, timing.cached, timing.first, timing.max_tokens)
+            window.closed(timing.key)
             del self._timings[emitted.request_id]
 
     def reports(self, name: str) -> list[ReplicaReport]:
@@ -324,7 +329,9 @@ class ClusterSim:
         self.scheduler.on_prefill_done(request_id)
         prefill_replica.inflight -= 1
         self._prefilled_at(prefill_replica, prefill_id, cached_tokens)
-        self._arrived_at(route.decode_replica, request_id, len(request.prompt_token_ids), False)
+        self._arrived_at(
+            route.decode_replica, request_id, len(request.prompt_token_ids), False, request.sampling.max_tokens
+        )
         transfer_s = self.link.transfer_time(len(request.prompt_token_ids) * self.perf.kv_bytes_per_token)
         self.outcomes[request_id].cached_tokens = cached_tokens
         self._submit(

@@ -26,18 +26,42 @@ def arrive(w: ReplicaLoadWindow, clock: Clock, at: float, tokens: int) -> int:
     return w.arrived(tokens)
 
 
-def test_prompt_tokens_are_queued_until_the_first_token_or_the_end():
+def test_prompt_tokens_are_queued_until_the_first_token_or_the_end_and_streams_run_in_between():
     clock = Clock(100.0)
     w = window(clock)
     a, b, c = (arrive(w, clock, 100.0 + i, n) for i, n in enumerate((300, 200, 1000)))
-    assert w.snapshot()["queued_prompt_tokens"] == 1500
-    w.prompt_done(a)  # first token of a
-    assert w.snapshot()["queued_prompt_tokens"] == 1200
-    w.prompt_done(a)  # ... and its end: counted once
-    w.prompt_done(c)  # c failed before its first token
-    assert w.snapshot()["queued_prompt_tokens"] == 200
+    snap = w.snapshot()
+    assert (snap["queued_prompt_tokens"], snap["running"]) == (1500, 0)
+    w.prompt_done(a)  # first token of a: it streams
+    snap = w.snapshot()
+    assert (snap["queued_prompt_tokens"], snap["running"]) == (1200, 1)
+    w.prompt_done(a)  # a second first token: counted once
+    w.closed(c)  # c failed before its first token: never ran
+    snap = w.snapshot()
+    assert (snap["queued_prompt_tokens"], snap["running"]) == (200, 1)
     w.prompt_done(b)
-    assert w.snapshot()["queued_prompt_tokens"] == 0
+    w.closed(a)  # a finished
+    w.closed(a)
+    snap = w.snapshot()
+    assert (snap["queued_prompt_tokens"], snap["running"]) == (0, 1)
+    w.closed(b)
+    assert w.snapshot()["running"] == 0
+
+
+def test_output_tokens_asked_for_by_the_arrivals_and_by_the_finished():
+    clock = Clock(100.0)
+    w = window(clock)
+    for i, asked in enumerate((100, 300)):
+        clock.t = 100.0 + i
+        w.arrived(50, asked)
+    w.finished(40, 0, 0.1, 64)
+    w.finished(64, 0, 0.1, 64)
+    snap = w.snapshot()
+    assert (snap["mean_max_tokens"], snap["finished_max_tokens"], snap["mean_osl"]) == (200, 64, 52)
+    w.arrived(50)  # one arrival whose ask is not known: the mean says nothing
+    w.finished(10, 0, 0.1)
+    snap = w.snapshot()
+    assert (snap["mean_max_tokens"], snap["finished_max_tokens"]) == (0, 0)
 
 
 def test_prompt_tokens_per_bucket_and_the_replica_peak():
