@@ -8,9 +8,9 @@ simulator (virtual time), one run per autoscaling policy, same requests:
   planner-wait  the same with queueing_factor on the prefill queue's wait
                 only, not the prompt's service time (`prefill_queueing:
                 wait`)
-  planner-calibrated
-                the same with the decode step scaled by what the replicas
-                measure (`decode_step_calibration: true`)
+  planner-uncalibrated
+                the same with the profile's decode step as it is, not scaled
+                by what the replicas measure (`decode_step_calibration: false`)
   foresight     the same planner (same sizing, corrections, hysteresis) told
                 the coming load instead of predicting it: rate, ISL, OSL and
                 peak prompt tokens/s of the busier of the next interval and
@@ -72,7 +72,7 @@ from tools.workloads import AzureTrace, RequestSpec, TokenPool, replay_offsets
 VARIANTS = {
     "planner-md1": {"prefill_queueing": "md1"},
     "planner-wait": {"prefill_queueing": "wait"},
-    "planner-calibrated": {"decode_step_calibration": True},
+    "planner-uncalibrated": {"decode_step_calibration": False},
 }
 
 
@@ -111,7 +111,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=PlannerConfig().trend_damping,
         help="planner, kalman predictor: damping of the trend over the look-ahead (1: undamped)",
     )
-    p.add_argument("--policies", default="planner,planner-md1,foresight,ray-default,ray-tuned,static,hindsight")
+    p.add_argument(
+        "--policies",
+        default="planner,planner-uncalibrated,planner-md1,planner-wait,foresight,ray-default,ray-tuned,static,hindsight",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
     p.add_argument("--out", required=True)

@@ -4,9 +4,11 @@ real time, the real frontend, scheduler, KV index and autoscaling), one run
 per policy, the same requests each time:
 
   planner      our SLA planner as Serve's autoscaling policy (planner.mode act)
-  planner-calibrated
-               the same with the decode step scaled by what the decode
-               replicas measure (planner.decode_step_calibration)
+  planner-uncalibrated
+               the same with the profile's decode step as it is, not scaled
+               by what the decode replicas measure
+               (planner.decode_step_calibration false; the default before
+               2026-12-06, and the `planner` row of the runs before it)
   ray-default  Ray Serve's own autoscaler on each pool, its defaults:
                target_ongoing_requests 2, 30 s up-scale and 600 s down-scale delay
   static-P+D   fixed pools (`--static P+D`; e.g. the best split the
@@ -90,7 +92,7 @@ def app_config(policy: str, args: argparse.Namespace) -> AppConfig:
     )
     bounds = {"min_replicas": 1, "max_replicas": args.max_replicas}
     config = launch.CONFIGS / "disagg-sim.yaml"
-    if policy in ("planner", "planner-calibrated"):
+    if policy in ("planner", "planner-uncalibrated"):
         return shipped_config(
             config,
             args.model_dir,
@@ -100,7 +102,7 @@ def app_config(policy: str, args: argparse.Namespace) -> AppConfig:
             planner__interval_s=args.interval_s,
             planner__prefill=bounds,
             planner__decode=bounds,
-            planner__decode_step_calibration=policy == "planner-calibrated",
+            planner__decode_step_calibration=policy == "planner",
             **base,
         )
     if policy == "ray-default":

@@ -1,4 +1,4 @@
-"""`python -m benchmarks.autoscale_table RESULT.json ...`: the train/test table
+"""`python -m benchmarks.autoscale_table [--policies a,b,...] RESULT.json ...`: the train/test table
 of `benchmarks.autoscale` runs, one row per workload (training set first):
 each policy's attainment and GPU-hours, the planner's GPU-hours over the
 hindsight optimum's, and attainment per GPU-hour against the best static
@@ -13,7 +13,17 @@ from typing import Any
 
 from benchmarks.report import table
 
-POLICIES = ("hindsight", "planner", "planner-md1", "planner-wait", "foresight", "ray-default", "ray-tuned", "static")
+POLICIES = (
+    "hindsight",
+    "planner",
+    "planner-uncalibrated",
+    "planner-md1",
+    "planner-wait",
+    "foresight",
+    "ray-default",
+    "ray-tuned",
+    "static",
+)
 
 
 def cell(r: dict[str, Any] | None) -> str:
@@ -27,36 +37,40 @@ def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}×" if a and b else "–"
 
 
-def row(doc: dict[str, Any]) -> list[str]:
+def row(doc: dict[str, Any], policies: tuple[str, ...] = POLICIES) -> list[str]:
     r = doc["results"]
     planner, hindsight = r.get("planner"), r.get("hindsight")
     per = {k: v["attainment_per_gpu_hour"] for k, v in r.items()}
     return [
         f"{doc['workload']} ({doc['set']})",
         str(doc["requests"]),
-        *(cell(r.get(p)) for p in POLICIES),
+        *(cell(r.get(p)) for p in policies),
         ratio(planner and planner["gpu_hours"], hindsight and hindsight["gpu_hours"]),
         ratio(per.get("planner"), per.get("static")),
         ratio(per.get("planner"), per.get("ray-default")),
     ]
 
 
-def summary(docs: list[dict[str, Any]]) -> str:
+def summary(docs: list[dict[str, Any]], policies: tuple[str, ...] = POLICIES) -> str:
     docs = sorted(docs, key=lambda d: (d["set"] != "training", d["workload"]))
     header = [
         "workload (set)",
         "requests",
-        *(f"{p}: attainment / GPU-h" for p in POLICIES),
+        *(f"{p}: attainment / GPU-h" for p in policies),
         "planner GPU-h / hindsight",
         "planner per GPU-h / best static",
         "planner per GPU-h / Ray default",
     ]
-    return table(header, [row(d) for d in docs])
+    return table(header, [row(d, policies) for d in docs])
 
 
 def main(argv: list[str] | None = None) -> int:
-    paths = argv if argv is not None else sys.argv[1:]
-    print(summary([json.loads(Path(p).read_text()) for p in paths]), end="")
+    """Arguments: result documents; `--policies a,b,...` (first) picks the columns."""
+    paths = list(sys.argv[1:] if argv is None else argv)
+    policies = POLICIES
+    if paths[:1] == ["--policies"]:
+        policies, paths = tuple(paths[1].split(",")), paths[2:]
+    print(summary([json.loads(Path(p).read_text()) for p in paths], policies), end="")
     return 0
 
 

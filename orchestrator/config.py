@@ -685,10 +685,11 @@ class PlannerConfig(_Strict):
         "service time plus queueing_factor x its mean wait under the p99 target: the factor on the wait only).",
     )
     decode_step_calibration: bool = Field(
-        default=False,
+        default=True,
         description="Scale the profile's decode step time by what the decode replicas measure: their median gap "
         "between tokens over the profile's step at the batch they run (the mean of the last two intervals, 1 to "
-        "4), so that a pool whose engines run slower than profiled is sized from what they do.",
+        "4), so that a pool whose engines run slower than profiled is sized from what they do. false: the "
+        "profile as it is.",
     )
     decode_utilization: float = Field(
         default=0.8,

@@ -39,8 +39,8 @@
                    the ITL target (the decode load in flight, whatever the
                    model predicted)
                (capacities from the profile at the predicted lengths, the
-               decode step scaled by what the replicas measure where
-               `decode_step_calibration` is on; each
+               decode step scaled by what the replicas measure unless
+               `decode_step_calibration` is off; each
                scaled by a correction (>= 1) learnt from observed vs target
                latency, raised only when the model can be blamed for a miss:
                the pool had the replicas the model sizes for the load observed
