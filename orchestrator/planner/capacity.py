@@ -31,29 +31,22 @@ def prefill_service_s(perf: PerfModel, uncached_tokens: float) -> float:
 
 
 def prefill_capacity(
-    perf: PerfModel, uncached_tokens: float, ttft_target_s: float, queueing_factor: float, burstiness: float = 1.0
+    perf: PerfModel,
+    uncached_tokens: float,
+    ttft_target_s: float,
+    queueing_factor: float,
+    burstiness: float = 1.0,
+    factor_on_wait_only: bool = False,
 ) -> float:
-    """Prompt tokens per second one replica prefills within the TTFT target
-    (0 when even an idle replica misses it)."""
+    """Prompt tokens per second one replica prefills within the TTFT target (0 when even an idle replica
+    misses it): its mean TTFT under target / factor, or (`factor_on_wait_only`) its service time plus factor x
+    its mean wait under the target."""
     s = prefill_service_s(perf, uncached_tokens)
-    target = ttft_target_s / queueing_factor
-    if s >= target:
+    budget, factor = (ttft_target_s, queueing_factor) if factor_on_wait_only else (ttft_target_s / queueing_factor, 1)
+    if s >= budget:
         return 0.0
-    slack = target - s
-    rho_max = 2 * slack / (2 * slack + burstiness * s)
-    return rho_max * max(uncached_tokens, 1.0) / s
-
-
-def prefill_capacity_wait(
-    perf: PerfModel, uncached_tokens: float, ttft_target_s: float, queueing_factor: float, burstiness: float = 1.0
-) -> float:
-    """Prompt tokens per second one replica prefills with its service time plus `queueing_factor` x its mean
-    wait within the TTFT target (0 when even an idle replica misses it)."""
-    s = prefill_service_s(perf, uncached_tokens)
-    if s >= ttft_target_s:
-        return 0.0
-    slack = ttft_target_s - s
-    rho_max = 2 * slack / (2 * slack + queueing_factor * burstiness * s)
+    slack = budget - s
+    rho_max = 2 * slack / (2 * slack + factor * burstiness * s)
     return rho_max * max(uncached_tokens, 1.0) / s
 
 

@@ -77,7 +77,6 @@ from orchestrator.planner.capacity import (
     decode_batch_limit,
     decode_capacity,
     prefill_capacity,
-    prefill_capacity_wait,
     prefill_service_s,
 )
 from orchestrator.planner.caps import CapShortfall, shortfalls
@@ -438,15 +437,20 @@ class SlaPlanner:
         target at the mean context (0 running: 0; a batch of 1 already over the target: infinite)."""
         if running <= 0:
             return 0.0
-        batch = decode_batch_limit(
+        batch = self._one_decode_replica(decode_batch_limit, isl + osl / 2)
+        return running / batch if batch else math.inf
+
+    def _one_decode_replica(self, measure, context: float):
+        """`decode_batch_limit` or `decode_capacity` of one decode replica at `context`: within the ITL target
+        and the KV capacity, its step `_step_scale` x the profile's."""
+        return measure(
             self.perf,
-            isl + osl / 2,
+            context,
             self.sla.itl_p50_ms / 1000,
             self.kv_capacity_tokens,
             self.max_num_seqs,
             self._step_scale,
         )
-        return running / batch if batch else math.inf
 
     def _predict(self, obs: Observation) -> tuple[float, float, float, float]:
         """The busier of the next interval and the one that starts when a
@@ -475,16 +479,11 @@ class SlaPlanner:
             return 0.0, 0.0
         uncached = max(isl * (1.0 - hit), 1.0)
         ttft_target = self.sla.ttft_p99_ms / 1000
-        rule = prefill_capacity_wait if self.config.prefill_queueing == "wait" else prefill_capacity
-        prefill_cap = rule(self.perf, uncached, ttft_target, self.config.queueing_factor, burstiness)
-        decode_cap = decode_capacity(
-            self.perf,
-            isl + osl / 2,
-            self.sla.itl_p50_ms / 1000,
-            self.kv_capacity_tokens,
-            self.max_num_seqs,
-            self._step_scale,
+        on_wait = self.config.prefill_queueing == "wait"
+        prefill_cap = prefill_capacity(
+            self.perf, uncached, ttft_target, self.config.queueing_factor, burstiness, factor_on_wait_only=on_wait
         )
+        decode_cap = self._one_decode_replica(decode_capacity, isl + osl / 2)
         prefill = _need(rate * uncached, prefill_cap)
         if peak_ratio > 1.0 and self._peak_window_s:
             prefill = max(

@@ -11,7 +11,7 @@ import random
 import pytest
 
 from orchestrator.config import PlannerConfig, PoolBounds, SlaConfig
-from orchestrator.planner.capacity import prefill_capacity, prefill_capacity_wait
+from orchestrator.planner.capacity import prefill_capacity
 from orchestrator.planner.observation import observe_pools
 from orchestrator.planner.observer import ReplicaLoadWindow, prompt_dispersion
 from orchestrator.planner.planner import Observation, SlaPlanner
@@ -122,13 +122,15 @@ def test_the_wait_rule_puts_the_factor_on_the_wait_only():
     # 1000-token prompts take 100 ms, target 600 ms, factor 3: the mean rule holds s + Wmean <= 200 ms,
     # rho = 2(0.2 - 0.1) / (2(0.2 - 0.1) + 0.1) = 2/3; the wait rule holds s + 3 Wmean <= 600 ms,
     # rho = 2(0.5) / (2(0.5) + 3 x 0.1) = 10/13, about the same for a prompt short against the target.
-    assert prefill_capacity_wait(PROFILE, 1000, 0.6, 3.0) == pytest.approx(10 / 13 * 10_000)
-    assert prefill_capacity_wait(PROFILE, 1000, 0.6, 3.0, burstiness=4.0) == pytest.approx(1 / (1 + 1.2) * 10_000)
+    assert prefill_capacity(PROFILE, 1000, 0.6, 3.0, factor_on_wait_only=True) == pytest.approx(10 / 13 * 10_000)
+    assert prefill_capacity(PROFILE, 1000, 0.6, 3.0, burstiness=4.0, factor_on_wait_only=True) == pytest.approx(
+        1 / (1 + 1.2) * 10_000
+    )
 
 
 def test_a_prompt_taking_half_the_target_still_leaves_the_queue_the_other_half():
     # 3000 tokens take 300 ms: the mean rule (mean TTFT <= 600 / 3 ms) leaves nothing; the wait rule leaves
     # the wait 300 ms at 3 x its mean: rho = 2(0.3) / (2(0.3) + 3 x 0.3) = 0.4.
     assert prefill_capacity(PROFILE, 3000, 0.6, 3.0) == 0.0
-    assert prefill_capacity_wait(PROFILE, 3000, 0.6, 3.0) == pytest.approx(0.4 * 3000 / 0.3)
-    assert prefill_capacity_wait(PROFILE, 7000, 0.6, 3.0) == 0.0  # 700 ms of service: none
+    assert prefill_capacity(PROFILE, 3000, 0.6, 3.0, factor_on_wait_only=True) == pytest.approx(0.4 * 3000 / 0.3)
+    assert prefill_capacity(PROFILE, 7000, 0.6, 3.0, factor_on_wait_only=True) == 0.0  # 700 ms of service: none
