@@ -20,7 +20,8 @@ WORKLOADS = {
     "mooncake": "Mooncake conversation trace",
 }
 SERVE_RUN = "autoscale_serve/phases.json"  # planner, Ray Serve's autoscaler and a static split, one machine
-SERVE_QUIET = "autoscale_serve/phases_planner_quiet.json"  # the planner alone, rerun on a quiet machine
+# the planner on a quiet machine, decode step calibration on (now the default) and off, one after the other
+SERVE_QUIET = "autoscale_serve/phases_arriving.json"
 
 
 def _pct(x: float, decimals: int = 2) -> str:
@@ -93,18 +94,21 @@ def _serve_row() -> Row:
     doc, quiet = load(SERVE_RUN), load(SERVE_QUIET)
     runs = {r["policy"]: r for r in doc["runs"]}
     planner, ray_default, static = runs["planner"], runs["ray-default"], runs["static"]
-    (rerun,) = quiet["runs"]
+    # In this run `planner` had decode step calibration off (the default then), `planner-calibrated` on.
+    reruns = {r["policy"]: r for r in quiet["runs"]}
+    calibrated, uncalibrated = reruns["planner-calibrated"], reruns["planner"]
     static_split = "P+".join(doc["args"]["static"].split("+")) + "D"
-    unanswered = sum(r["requests"] - r["answered"] for r in (*doc["runs"], rerun))
-    scale_downs = rerun["scale_downs"]
+    unanswered = sum(r["requests"] - r["answered"] for r in (*doc["runs"], *quiet["runs"]))
+    scale_downs = [s for r in quiet["runs"] for s in r["scale_downs"]]
     result = (
         f"{doc['workload']}, {doc['args']['sim_model']}-class engines, {_sla(doc['sla'])}, shared machine: planner "
         f"{_at(planner, 1)} GPU-h, Ray Serve's autoscaler (defaults) {_at(ray_default, 1)}, static {static_split} "
         f"{_at(static, 1)}; per GPU-h the planner is ×{_per_gpu_hour(planner, static):.2f} static at "
         f"{100 * (static['attainment'] - planner['attainment']):.1f} points less attainment, "
-        f"×{_per_gpu_hour(planner, ray_default):.2f} Ray's. The planner rerun alone on a quiet machine: "
-        f"{_at(rerun, 1)}, {sum(s['lost'] for s in scale_downs)} lost at its {len(scale_downs)} scale-downs. "
-        f"Requests unanswered: {unanswered}"
+        f"×{_per_gpu_hour(planner, ray_default):.2f} Ray's. The current planner on a quiet machine, the "
+        f"decode step calibrated from what the replicas measure (the default now): {_at(calibrated, 1)} GPU-h; "
+        f"without the calibration {_at(uncalibrated, 1)}; {sum(s['lost'] for s in scale_downs)} lost at their "
+        f"{len(scale_downs)} scale-downs. Requests unanswered: {unanswered}"
     )
     return Row("SLA planner on the Ray Serve app, real time (simulated engines)", result, (SERVE_RUN, SERVE_QUIET))
 
