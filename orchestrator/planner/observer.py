@@ -206,7 +206,8 @@ class ReplicaLoadWindow:
             itl_p50_s=float(np.median(gaps)) if gaps else None,
             waiting=float(waiting),
             queued_prompt_tokens=float(self._queued_tokens),
-            running=float(len(self._open) - len(self._pending)),
+            # read apart from the recording thread: a request between its two sets may count once either way
+            running=float(max(len(self._open) - len(self._pending), 0)),
             peak_window_s=float(w),
             peak_prompt_tps=max(buckets[: self.peak_buckets]) / w,
             bucket_now=float(current),
