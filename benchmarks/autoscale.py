@@ -47,6 +47,7 @@ into TTFT and ITL). Writes JSON and PNG plots.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import statistics
@@ -55,7 +56,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks import launch, report
+from benchmarks import dynamo_planner, launch, report
 from benchmarks.hindsight import Counts, cheapest_schedule
 from benchmarks.ray_autoscaler import ray_default_controller
 from orchestrator.config import PlannerConfig, PoolBounds, RoutingConfig, SimEngineConfig, SlaConfig
@@ -473,10 +474,31 @@ def run_experiment(args: argparse.Namespace) -> int:
     )
     initial = (first.prefill, first.decode)
 
+    policies = args.policies.split(",")
+    dynamo_python = dynamo_planner.ensure_venv() if set(policies) & set(dynamo_planner.POLICIES) else None
+    kv_tokens = blocks * block_size
+    dynamo_fpms = dynamo_planner.profile_fpms(perf, engine.max_num_batched_tokens, engine.max_num_seqs, kv_tokens)
+
+    def dynamo_init(name: str) -> dict[str, Any]:
+        config = dynamo_planner.planner_config(
+            name, args.ttft_p99_ms, args.itl_p50_ms, args.interval_s, args.max_replicas
+        )
+        caps = dynamo_planner.capabilities(engine.max_num_batched_tokens, engine.max_num_seqs, kv_tokens, block_size)
+        return {"config": config, "capabilities": caps, "prefill_fpms": dynamo_fpms[0], "decode_fpms": dynamo_fpms[1]}
+
     def run_named(name: str) -> tuple[dict[str, Any], list[dict]]:
         log: list[dict] = []
         tick = None
-        if name in ("planner", "foresight", *VARIANTS):
+        peer = contextlib.ExitStack()
+        if name in dynamo_planner.POLICIES:
+            assert dynamo_python is not None
+            process = peer.enter_context(
+                dynamo_planner.dynamo_planner(dynamo_python, dynamo_init(name), dynamo_planner.log_path(args.out, name))
+            )
+            controller = dynamo_planner.dynamo_controller(
+                process, args.interval_s, args.startup_s, args.max_replicas, log
+            )
+        elif name in ("planner", "foresight", *VARIANTS):
             controller = planner_controller(
                 planner(initial, **VARIANTS.get(name, {})),
                 args.interval_s,
@@ -498,9 +520,10 @@ def run_experiment(args: argparse.Namespace) -> int:
             tick = ray_tick_s
         else:
             raise SystemExit(f"unknown policy {name!r}")
-        result = run_policy(
-            spec(*initial), engine, requests, horizon, args.interval_s, controller, sla, args.seed, tick
-        )
+        with peer:
+            result = run_policy(
+                spec(*initial), engine, requests, horizon, args.interval_s, controller, sla, args.seed, tick
+            )
         result.update(time_at_cap(log, args.max_replicas))
         print(f"{name}: {json.dumps({k: v for k, v in result.items() if k != 'per_interval'})}", flush=True)
         return result, log
@@ -513,7 +536,6 @@ def run_experiment(args: argparse.Namespace) -> int:
 
     results: dict[str, Any] = {}
     series: dict[str, list[dict]] = {}
-    policies = args.policies.split(",")
     named = [p for p in policies if p not in ("static", "hindsight")]
     for name, (result, log) in zip(named, _map(run_named, named, args.jobs)):
         results[name], series[name] = result, log
@@ -573,6 +595,7 @@ def run_experiment(args: argparse.Namespace) -> int:
             "correction_after_intervals": PlannerConfig().correction_after_intervals,
         },
         "results": results,
+        **({"dynamo_planner": dynamo_peer_record(dynamo_python, dynamo_init, policies)} if dynamo_python else {}),
         "series": series,
         "load": [
             {"t": t, "rate": f.request_rate, "isl": f.mean_isl, "osl": f.mean_osl}
@@ -591,6 +614,20 @@ def run_experiment(args: argparse.Namespace) -> int:
         )
     )
     return 0
+
+
+def dynamo_peer_record(python: Path, init: Callable[[str], dict[str, Any]], policies: list[str]) -> dict[str, Any]:
+    """What Dynamo's planner ran with: package versions, each policy's config, the profile it was given."""
+    ran = [p for p in policies if p in dynamo_planner.POLICIES]
+    first = init(ran[0])
+    return {
+        "versions": dynamo_planner.versions(python),
+        "config": {p: init(p)["config"] for p in ran},
+        "capabilities": first["capabilities"],
+        "profile_fpms": {"prefill": len(first["prefill_fpms"]), "decode": len(first["decode_fpms"])},
+        "perf_model": "Dynamo's FPM regression models (PrefillRegressionModel, DecodeRegressionModel) in place of "
+        "1.6.1's AISimulate core, which cannot be installed (benchmarks/peer_env/dynamo_planner_bridge.py)",
+    }
 
 
 _TASK: Callable[[Any], Any] | None = None
