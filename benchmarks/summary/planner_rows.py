@@ -19,6 +19,9 @@ WORKLOADS = {
     "diurnal": "diurnal ramp",
     "mooncake": "Mooncake conversation trace",
 }
+# the planner beside NVIDIA Dynamo 1.6.1's planner (benchmarks/dynamo_planner.py), one document a load
+DYNAMO = "simulator/autoscale_dynamo"
+DYNAMO_POLICIES = {"dynamo": "its defaults", "dynamo-fast": "deciding every interval"}
 SERVE_RUN = "autoscale_serve/phases.json"  # planner, Ray Serve's autoscaler and a static split, one machine
 # the planner on a quiet machine, decode step calibration on (now the default) and off, one after the other
 SERVE_QUIET = "autoscale_serve/phases_arriving.json"
@@ -113,5 +116,44 @@ def _serve_row() -> Row:
     return Row("SLA planner on the Ray Serve app, real time (simulated engines)", result, (SERVE_RUN, SERVE_QUIET))
 
 
+def _dynamo_row() -> Row:
+    sources = sorted(
+        (str(p.relative_to(RESULTS)) for p in (RESULTS / DYNAMO).glob("*.json")),
+        key=lambda s: (load(s)["set"] != "training", load(s)["workload"]),
+    )
+    cells, ahead, behind_per_gpu_hour = [], True, []
+    for source in sources:
+        doc = load(source)
+        r = doc["results"]
+        planner = r["planner"]
+        peers = [r[p] for p in DYNAMO_POLICIES]
+        ahead &= all(planner["attainment"] >= d["attainment"] for d in peers)
+        if any(_per_gpu_hour(planner, d) < 1 for d in peers):
+            behind_per_gpu_hour.append(doc["workload"])
+        cells.append(
+            f"{doc['workload']} ({doc['set']}) planner {_at(planner)}, Dynamo "
+            + " / ".join(f"{_at(d)}" for d in peers)
+            + " (per GPU-h ×"
+            + " / ×".join(f"{_per_gpu_hour(planner, d):.2f}" for d in peers)
+            + ")"
+        )
+    result = (
+        "attainment at GPU-h, Dynamo "
+        + " / ".join(DYNAMO_POLICIES.values())
+        + "; its 1.6.1 perf model (AISimulate) replaced by its FPM regression models: "
+        + "; ".join(cells)
+    )
+    targets = (
+        Target("attainment ≥ Dynamo's planner's on every load", ahead),
+        Target(
+            "attainment per GPU-hour ≥ Dynamo's on every load"
+            + (f" (behind on {', '.join(behind_per_gpu_hour)})" if behind_per_gpu_hour else ""),
+            not behind_per_gpu_hour,
+        ),
+    )
+    what = "SLA planner beside NVIDIA Dynamo 1.6.1's planner (cluster simulator, the train/test loads)"
+    return Row(what, result, tuple(sources), targets)
+
+
 def rows() -> list[Row]:
-    return [*(_train_test_row(s) for s in _train_test_sources()), _serve_row()]
+    return [*(_train_test_row(s) for s in _train_test_sources()), _dynamo_row(), _serve_row()]
