@@ -71,6 +71,7 @@ from tools.workloads import AzureTrace, RequestSpec, TokenPool, replay_offsets
 
 # The planner variants: what each sets differently from `planner` (the shipped config).
 VARIANTS = {
+    "planner-fast": {"fast_interval_s": 2.0},
     "planner-md1": {"prefill_queueing": "md1"},
     "planner-wait": {"prefill_queueing": "wait"},
     "planner-uncalibrated": {"decode_step_calibration": False},
@@ -220,8 +221,20 @@ def planner_controller(
     peak_window_s: float = 0.0,
     backlog: bool = True,
 ) -> Callable[[ClusterSim], Controller]:
+    fast_raises: list[dict] = []  # the fast loop's, since the last step
+
+    def react(sim: ClusterSim) -> None:
+        decision = planner.react(sim.observation(interval_s))
+        if decision is not None:
+            sim.resize("prefill", decision.prefill, startup_s)
+            sim.resize("decode", decision.decode, startup_s)
+            fast_raises.append({"t": sim.now, "prefill": decision.prefill, "decode": decision.decode})
+
     def make(sim: ClusterSim) -> Controller:
         def control(sim: ClusterSim) -> None:
+            if not _on_boundary(sim.now, interval_s):  # a fast tick between steps
+                react(sim)
+                return
             obs = sim.observation(interval_s)  # what the Serve policy would build from the same replicas
             if not backlog:
                 obs = replace(obs, prefill_queued_tokens=0.0)
@@ -259,6 +272,7 @@ def planner_controller(
                     "prefill_queued_tokens": obs.prefill_queued_tokens,
                     "proposed_prefill": decision.proposed_prefill,
                     "proposed_decode": decision.proposed_decode,
+                    "fast_raises": list(fast_raises),
                     # per pool a cap left short: its load over what the granted replicas hold (None: no count does)
                     "capped": {
                         c.pool: c.load_over_capacity if math.isfinite(c.load_over_capacity) else None
@@ -266,10 +280,15 @@ def planner_controller(
                     },
                 }
             )
+            fast_raises.clear()
 
         return control
 
     return make
+
+
+def _on_boundary(t: float, interval_s: float) -> bool:
+    return abs(t / interval_s - round(t / interval_s)) < 1e-9
 
 
 def schedule_controller(
@@ -499,8 +518,10 @@ def run_experiment(args: argparse.Namespace) -> int:
                 process, args.interval_s, args.startup_s, args.max_replicas, log
             )
         elif name in ("planner", "foresight", *VARIANTS):
+            variant = VARIANTS.get(name, {})
+            tick = variant.get("fast_interval_s")  # None: once an interval
             controller = planner_controller(
-                planner(initial, **VARIANTS.get(name, {})),
+                planner(initial, **variant),
                 args.interval_s,
                 args.startup_s,
                 log,

@@ -18,6 +18,13 @@ builder the cluster simulator uses. Each report already covers the last
 interval (the replica's load window), and its prompt-token buckets line up
 across replicas on the shared clock for the pool's peak.
 
+With `planner.fast_interval_s` set, between intervals it lets the planner's
+fast loop look at the same latest reports every that many seconds (their
+newest prompt-token buckets, queue, running and waiting counts): a pool it
+raises is resized at once.
+The replicas push their reports every second (the pools' autoscaling
+`metrics_interval_s`, deployments/app.py).
+
 A decision that a cap leaves short of the SLO, a metrics gap, replicas that
 do not come up and a count changed outside the planner are logged as
 warnings each interval they last, and exported as gauges. A replica whose
@@ -57,6 +64,7 @@ class _Coordinator:
         self.ready: dict[str, int] = {}
         self.in_force: dict[str, int] = {}  # per pool, Serve's target: replicas starting or serving
         self.last_step: float | None = None
+        self.last_react: float | None = None  # the fast loop's last look
         self.decision: ScalingDecision | None = None
         self.gauges = _Gauges()
 
@@ -81,9 +89,23 @@ class _Coordinator:
             if self.decision.capped or self.decision.faults != Faults():
                 log.warning("SLA planner: %s", self.decision.reason)
             self.gauges.record(observation, self.decision, self.ready)
+        elif self._fast_due(now):
+            self.last_react = now
+            raised = self.planner.react(self.observation(now - self.last_step))
+            if raised is not None:
+                self.decision = raised
+                log.info("SLA planner (%s): %s", self.app.planner.mode.value, raised.reason)
         if self.decision is None or self.app.planner.mode is not PlannerMode.ACT:
             return current_target
         return self.decision.prefill if pool == "prefill_pool" else self.decision.decode
+
+    def _fast_due(self, now: float) -> bool:
+        """Whether the fast loop looks now: on, every pool reported, a step made, `fast_interval_s` since it
+        last looked (or since the step)."""
+        fast = self.app.planner.fast_interval_s
+        if fast is None or self.last_step is None or not all(p in self.metrics for p in self._pools()):
+            return False
+        return now - max(self.last_step, self.last_react or self.last_step) >= fast
 
     def _pools(self) -> list[str]:
         return ["decode_pool"] + (["prefill_pool"] if self.app.prefill_pool is not None else [])

@@ -726,6 +726,15 @@ class PlannerConfig(_Strict):
         "them as not coming up (orchestrator_planner_pending_replicas, a warning each interval). Nothing waits on "
         "them: the other pool keeps scaling, and a smaller ask cancels pending replicas first.",
     )
+    fast_interval_s: PositiveFloat | None = Field(
+        default=None,
+        description="The fast loop: every this many seconds between the interval's decisions, the planner "
+        "re-sizes both pools from the prompt tokens/s of the last few seconds and what their engines hold now (the "
+        "prompt tokens queued for prefill, the decode streams running and waiting), and raises a pool that is "
+        "short at once; it never "
+        "lowers one (a raised pool comes down through scale_down_intervals, as any other). Under Serve it reads "
+        "the replicas' latest reports, pushed every second (the pools' autoscaling metrics_interval_s). None: off.",
+    )
     correction_after_intervals: PositiveInt = Field(
         default=2,
         description="Intervals in a row a pool must miss its target while sized for the load (the "
@@ -733,6 +742,15 @@ class PlannerConfig(_Strict):
         "interval's p99 is noisy and a burst is no wrong model, but a wrong model misses every interval. 1: "
         "raise on the first such miss.",
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> PlannerConfig:
+        if self.fast_interval_s is not None and self.fast_interval_s >= self.interval_s:
+            raise ValueError(
+                f"planner.fast_interval_s ({self.fast_interval_s}) must be shorter than planner.interval_s "
+                f"({self.interval_s}): the fast loop runs between the interval's decisions"
+            )
+        return self
 
 
 class NetworkConfig(_Strict):

@@ -56,6 +56,11 @@ class Faults:
         return "; ".join(p for p in parts if p)
 
 
+def metrics_gap(pools: Mapping[str, PoolView]) -> tuple[str, ...]:
+    """The pools with replicas in force or serving that sent no report."""
+    return tuple(name for name, p in pools.items() if p.reports == 0 and (p.ready > 0 or (p.in_force or 0) > 0))
+
+
 @dataclass
 class FaultWatch:
     pending_timeout_s: float
@@ -64,7 +69,7 @@ class FaultWatch:
     def see(self, interval_s: float, pools: Mapping[str, PoolView], decided: Mapping[str, int] | None) -> Faults:
         """`decided`: the counts the planner last asked for, where they were applied (None: nothing applied yet,
         or the planner only advises)."""
-        gap = tuple(name for name, p in pools.items() if p.reports == 0 and (p.ready > 0 or (p.in_force or 0) > 0))
+        gap = metrics_gap(pools)
         pending = []
         for name, p in pools.items():
             short = p.in_force is not None and p.ready < p.in_force

@@ -16,6 +16,7 @@ latest `ReplicaReport` of every serving replica of each pool.
     peak            the decode pool's prompt tokens/s over its busiest peak bucket (pool_peak_prompt_tps)
     dispersion      of the decode pool's prompt tokens per peak bucket, in mean ISLs (prompt_dispersion)
     length scv      cs^2 of the decode pool's arrived prompt lengths (prompt_length_scv)
+    recent          the decode pool's prompt tokens/s over its newest RECENT_BUCKETS peak buckets
     reports         per pool, how many reports made it (0 with replicas in force: a metrics gap)
     in force        per pool, the replicas asked for, starting or serving (None: not known)
 
@@ -37,6 +38,8 @@ from orchestrator.planner.observer import (
     prompt_length_scv,
 )
 from orchestrator.planner.planner import Observation
+
+RECENT_BUCKETS = 3  # the newest peak buckets the recent prompt rate is read over (the fast loop's)
 
 
 def observe_pools(
@@ -83,6 +86,9 @@ def observe_pools(
         peak_window_s=max(widths) if peak is not None and widths else None,
         prompt_dispersion=prompt_dispersion(pooled[1], mean_isl) if pooled is not None else None,
         prompt_length_scv=prompt_length_scv(decode),
+        recent_prompt_tps=sum(pooled[1][:RECENT_BUCKETS]) / (pooled[0] * min(len(pooled[1]), RECENT_BUCKETS))
+        if pooled is not None and pooled[1]
+        else None,
         prefill_reports=len(prefill) if disaggregated else None,
         decode_reports=len(decode),
         prefill_in_force=prefill_in_force,

@@ -56,6 +56,17 @@
                the most any of the last `scale_down_intervals` intervals
                asked for (a stabilisation window: one quiet interval does not
                take away what the busier ones around it needed)
+    react      between steps, every `fast_interval_s` (the fast loop): the
+               larger of the last step's sizing and the same model's sizing
+               of the prompt tokens/s that arrived over the newest few peak
+               buckets (at the step's ISL, OSL, hit rate and burstiness),
+               with the backlog and the running streams re-read from what the
+               engines hold now (the prompt tokens queued for prefill; the
+               decode streams running and waiting), raises a pool short of it
+               at once, within the bounds and the GPU budget; it never lowers
+               a pool. The raise is an ask in the pool's stabilisation window,
+               so the steps that follow keep it until `scale_down_intervals`
+               asks in a row are lower: the two loops never undo each other
     act        the caller's: a ScalingDecision is plain data, which names
                the pools a cap leaves short of the SLO (caps.py) and what
                was not as asked (faults.py: a metrics gap holds both pools,
@@ -70,7 +81,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from orchestrator.config import PlannerConfig, PoolBounds, SlaConfig
 from orchestrator.planner.capacity import (
@@ -80,7 +91,7 @@ from orchestrator.planner.capacity import (
     prefill_service_s,
 )
 from orchestrator.planner.caps import CapShortfall, shortfalls
-from orchestrator.planner.faults import Faults, FaultWatch, PoolView
+from orchestrator.planner.faults import Faults, FaultWatch, PoolView, metrics_gap
 from orchestrator.planner.predictors import Predictor, make_predictor
 from orchestrator.sim.perf_model import Batch, PerfModel
 
@@ -110,6 +121,7 @@ class Observation:
     # var / mean of the prompt tokens per `peak_window_s` stretch, in mean ISLs (observer.prompt_dispersion)
     prompt_dispersion: float | None = None
     prompt_length_scv: float | None = None  # cs^2 of the arrived prompt lengths (observer.prompt_length_scv)
+    recent_prompt_tps: float | None = None  # prompt tokens/s over the newest few peak buckets (None: not measured)
     prefill_reports: int | None = None  # serving replicas whose report made this observation (None: not counted)
     decode_reports: int | None = None
     prefill_in_force: int | None = None  # replicas asked for, starting or serving (None: not known)
@@ -171,6 +183,14 @@ class _Hysteresis:
         asks below it."""
         self.current, self.asks = count, []
 
+    def raise_to(self, wanted: int) -> bool:
+        """Up to `wanted` at once, as an ask of the window (the fast loop's); whether it rose."""
+        if wanted <= self.current:
+            return False
+        self.current = wanted
+        self.asks.append(wanted)
+        return True
+
     def apply(self, wanted: int, intervals: int) -> int:
         self.asks = (self.asks + [wanted])[-intervals:]
         if wanted >= self.current:
@@ -178,6 +198,21 @@ class _Hysteresis:
         elif len(self.asks) >= intervals:
             self.current = min(self.current, max(self.asks))
         return self.current
+
+
+@dataclass(frozen=True)
+class _Sizing:
+    """A step's sizing of the interval's load, before the queue and the running streams: what the fast loop
+    re-reads those against until the next step."""
+
+    prefill: float  # replicas (fractional) for the predicted prompt load
+    decode: float  # ... for the predicted output load
+    isl: float
+    osl: float
+    hit: float
+    burstiness: float
+    interval_s: float
+    decision: ScalingDecision
 
 
 @dataclass
@@ -205,6 +240,7 @@ class SlaPlanner:
     _decided: dict[str, int] | None = field(default=None, init=False)  # the last decision's counts
     _output_share: float | None = field(default=None, init=False)  # output tokens made / asked (None: not seen)
     _step_scale: float = field(default=1.0, init=False)  # measured decode step / the profile's (calibration)
+    _sizing: _Sizing | None = field(default=None, init=False)  # the last step's, for the fast loop
 
     def __post_init__(self) -> None:
         if self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None:
@@ -238,13 +274,13 @@ class SlaPlanner:
             osl = max((f.mean_osl for f in ahead if f.requests and f.mean_osl is not None), default=osl)
             peak = max((f.peak_ratio for f in ahead if f.peak_ratio is not None), default=peak)
             burst = self._burstiness([f.arrival_scv for f in ahead if f.arrival_scv is not None], burst)
-        prefill_need, decode_need = self._propose(rate, isl, osl, hit, peak, burst)
-        prefill_need += self._backlog(obs.prefill_queued_tokens, obs.interval_s, isl, hit)
+        load_prefill, load_decode = self._propose(rate, isl, osl, hit, peak, burst)
+        prefill_need = load_prefill + self._backlog(obs.prefill_queued_tokens, obs.interval_s, isl, hit)
         running = self._running_need(obs.decode_running, isl, osl)
-        decode_need = max(decode_need, running)
+        decode_need = max(load_decode, running)
         prefill, decode, reason, capped = self._constrain(prefill_need, decode_need)
         self._decided = self._counts(prefill, decode)
-        return ScalingDecision(
+        decision = ScalingDecision(
             prefill,
             decode,
             prefill_need,
@@ -261,6 +297,55 @@ class SlaPlanner:
             faults,
             running,
         )
+        self._sizing = _Sizing(load_prefill, load_decode, isl, osl, hit, burst, obs.interval_s, decision)
+        return decision
+
+    def react(self, now: Observation) -> ScalingDecision | None:
+        """The fast loop, between steps (see the module's docstring): `now` is what the replicas report at this
+        moment; its recent prompt rate and its queue, running and waiting counts are what it reads. None: nothing
+        raised (no step yet, an advisory planner, a pool with no report, or no pool short)."""
+        sizing = self._sizing
+        if sizing is None or not self.acting or metrics_gap(self._pools(now)):
+            return None
+        fresh_prefill, fresh_decode = 0.0, 0.0
+        if now.recent_prompt_tps is not None and sizing.isl > 0:
+            fresh_prefill, fresh_decode = self._propose(
+                now.recent_prompt_tps / sizing.isl, sizing.isl, sizing.osl, sizing.hit, 1.0, sizing.burstiness
+            )
+        prefill_need = max(sizing.prefill, fresh_prefill) + self._backlog(
+            now.prefill_queued_tokens, sizing.interval_s, sizing.isl, sizing.hit
+        )
+        running = self._running_need(now.decode_running + now.decode_waiting, sizing.isl, sizing.osl)
+        needs = {"prefill": prefill_need, "decode": max(sizing.decode, fresh_decode, running)}
+        raised = []
+        for pool in ("prefill", "decode") if self.disaggregated else ("decode",):
+            wanted = min(_bounded(needs[pool], getattr(self.config, pool)), self._budget_room(pool))
+            if self._hysteresis[pool].raise_to(wanted):
+                raised.append(f"{pool} to {wanted}")
+        if not raised:
+            return None
+        prefill = self._hysteresis["prefill"].current if self.disaggregated else 0
+        decode = self._hysteresis["decode"].current
+        self._decided = self._counts(prefill, decode)
+        return replace(
+            sizing.decision,
+            prefill=prefill,
+            decode=decode,
+            proposed_prefill=needs["prefill"] if self.disaggregated else 0.0,
+            proposed_decode=needs["decode"],
+            reason=f"fast loop: {', '.join(raised)} for what the engines hold now",
+            running_decode=running,
+            capped=(),
+            faults=Faults(),
+        )
+
+    def _budget_room(self, pool: str) -> float:
+        """The most replicas `pool` may have beside the other pool's current count within the GPU budget."""
+        if self.config.max_gpus is None:
+            return math.inf
+        other = "decode" if pool == "prefill" else "prefill"
+        other_count = self._hysteresis[other].current if self.disaggregated or other == "decode" else 0
+        return self.config.max_gpus // self.gpus_per_replica - other_count
 
     def _pools(self, obs: Observation) -> dict[str, PoolView]:
         pools = {"decode": PoolView(obs.decode_replicas, obs.decode_reports, obs.decode_in_force)}

@@ -114,3 +114,11 @@ def test_the_pool_mean_osl_is_of_finished_requests_and_none_when_none_finished()
     assert observe_pools(3.0, None, [busy], 0, 1).mean_osl is None
     assert observe_pools(3.0, None, [busy, done, other], 0, 3).mean_osl == pytest.approx((3 * 220 + 20) / 4)
     assert ReplicaReport.from_metrics(done.to_metrics()) == done
+
+
+def test_the_recent_prompt_rate_is_the_pools_newest_buckets_summed_over_its_replicas():
+    # Buckets of 2 s, newest first (j = 1 the last complete one), both replicas on the same clock.
+    a = ReplicaReport(arrival_rate=1.0, peak_window_s=2.0, bucket_now=10.0, buckets=(400.0, 200.0, 0.0, 100.0, 50.0))
+    b = ReplicaReport(arrival_rate=1.0, peak_window_s=2.0, bucket_now=10.0, buckets=(0.0, 200.0, 600.0, 100.0, 0.0))
+    assert observe_pools(10.0, None, [a, b], 0, 2).recent_prompt_tps == pytest.approx((400 + 400 + 600) / 6)
+    assert observe_pools(10.0, None, [ReplicaReport(arrival_rate=1.0)], 0, 1).recent_prompt_tps is None
