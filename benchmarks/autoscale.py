@@ -11,6 +11,12 @@ simulator (virtual time), one run per autoscaling policy, same requests:
   planner-uncalibrated
                 the same with the profile's decode step as it is, not scaled
                 by what the replicas measure (`decode_step_calibration: false`)
+  planner-fast  the same with its fast loop every 2 s between steps
+                (`fast_interval_s: 2`; the controller ticks every 2 s)
+  dynamo, dynamo-fast
+                NVIDIA Dynamo 1.6.1's planner, its own code in its own
+                environment (benchmarks/dynamo_planner.py): its defaults, and
+                the same deciding every interval
   foresight     the same planner (same sizing, corrections, hysteresis) told
                 the coming load instead of predicting it: rate, ISL, OSL and
                 peak prompt tokens/s of the busier of the next interval and
