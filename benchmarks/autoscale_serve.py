@@ -9,6 +9,8 @@ per policy, the same requests each time:
                by what the decode replicas measure
                (planner.decode_step_calibration false; the default before
                2026-12-06, and the `planner` row of the runs before it)
+  planner-fast the planner with its fast loop every 2 s between intervals
+               (planner.fast_interval_s)
   ray-default  Ray Serve's own autoscaler on each pool, its defaults:
                target_ongoing_requests 2, 30 s up-scale and 600 s down-scale delay
   static-P+D   fixed pools (`--static P+D`; e.g. the best split the
@@ -43,6 +45,7 @@ from tools.workloads import RequestSpec, phase_requests
 APP = "autoscale"
 POOLS = ("prefill_pool", "decode_pool")
 # Ray Serve's defaults for `autoscaling_config` (ray.serve.config.AutoscalingConfig).
+FAST_INTERVAL_S = 2.0  # planner-fast's fast loop, as the simulator's planner-fast
 SERVE_DEFAULT_AUTOSCALING = {"target_ongoing_requests": 2, "upscale_delay_s": 30.0, "downscale_delay_s": 600.0}
 
 
@@ -92,7 +95,7 @@ def app_config(policy: str, args: argparse.Namespace) -> AppConfig:
     )
     bounds = {"min_replicas": 1, "max_replicas": args.max_replicas}
     config = launch.CONFIGS / "disagg-sim.yaml"
-    if policy in ("planner", "planner-uncalibrated"):
+    if policy in ("planner", "planner-uncalibrated", "planner-fast"):
         return shipped_config(
             config,
             args.model_dir,
@@ -102,7 +105,8 @@ def app_config(policy: str, args: argparse.Namespace) -> AppConfig:
             planner__interval_s=args.interval_s,
             planner__prefill=bounds,
             planner__decode=bounds,
-            planner__decode_step_calibration=policy == "planner",
+            planner__decode_step_calibration=policy != "planner-uncalibrated",
+            planner__fast_interval_s=FAST_INTERVAL_S if policy == "planner-fast" else None,
             **base,
         )
     if policy == "ray-default":
