@@ -90,8 +90,9 @@ class ProfileRegressionPerfModel:
     def load_benchmark_fpms(self, fpms: list) -> None:
         self._model.load_benchmark_fpms(fpms)
 
-    def add_observations(self, fpms: Any) -> None:
-        for fpm in fpms.values() if isinstance(fpms, dict) else fpms:
+    def add_observations(self, fpms: dict) -> None:
+        """Live forward passes, keyed by (worker, rank), as PlannerScalingState passes them."""
+        for fpm in fpms.values():
             self._model.add_observation(fpm)
 
     def has_sufficient_data(self) -> bool:

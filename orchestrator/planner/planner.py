@@ -339,13 +339,19 @@ class SlaPlanner:
             faults=Faults(),
         )
 
+    @property
+    def _budget_replicas(self) -> int | None:
+        """Replicas the GPU budget holds across both pools (None: no budget)."""
+        return None if self.config.max_gpus is None else self.config.max_gpus // self.gpus_per_replica
+
     def _budget_room(self, pool: str) -> float:
         """The most replicas `pool` may have beside the other pool's current count within the GPU budget."""
-        if self.config.max_gpus is None:
+        budget = self._budget_replicas
+        if budget is None:
             return math.inf
         other = "decode" if pool == "prefill" else "prefill"
         other_count = self._hysteresis[other].current if self.disaggregated or other == "decode" else 0
-        return self.config.max_gpus // self.gpus_per_replica - other_count
+        return budget - other_count
 
     def _pools(self, obs: Observation) -> dict[str, PoolView]:
         pools = {"decode": PoolView(obs.decode_replicas, obs.decode_reports, obs.decode_in_force)}
@@ -613,8 +619,8 @@ class SlaPlanner:
         decode = self._hysteresis["decode"].apply(decode, cfg.scale_down_intervals)
         bounded = self._counts(prefill, decode)
         reason = ""
-        if cfg.max_gpus is not None:
-            budget = cfg.max_gpus // self.gpus_per_replica
+        budget = self._budget_replicas
+        if budget is not None:
             if prefill + decode > budget:
                 first, second = ("decode", "prefill") if cfg.budget_priority == "decode" else ("prefill", "decode")
                 counts = {"prefill": prefill, "decode": decode}
