@@ -112,6 +112,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="planner: window of the peak prompt tokens/s it sizes prefill for (0: mean load only)",
     )
     p.add_argument("--no-backlog", action="store_true", help="planner: ignore prompt tokens queued for prefill")
+    p.add_argument(
+        "--planner-set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="planner: set a PlannerConfig field for every planner run and the first interval's sizing "
+        "(VALUE read as JSON where it parses, else as text); repeatable",
+    )
     p.add_argument("--predictor", choices=["constant", "moving_average", "kalman", "seasonal"], default="kalman")
     p.add_argument(
         "--trend-damping",
@@ -173,6 +181,32 @@ HINDSIGHT_TARGET = 0.99  # the share of requests within the SLO the hindsight op
 
 
 # -- observation -----------------------------------------------------------------------------------------------------
+
+
+# PlannerConfig fields the experiment sets from its own flags.
+OWN_FLAGS = frozenset(
+    {"mode", "interval_s", "predictor", "prefill", "decode", "scale_down_intervals", "replica_startup_s"}
+    | {"trend_damping"}
+)
+
+
+def planner_settings(assignments: Sequence[str]) -> dict[str, Any]:
+    """`FIELD=VALUE` pairs as PlannerConfig fields; a field PlannerConfig lacks, or one the experiment sets
+    from its own flags, is an error."""
+    settings: dict[str, Any] = {}
+    for assignment in assignments:
+        name, sep, text = assignment.partition("=")
+        if not sep or name not in PlannerConfig.model_fields or name in OWN_FLAGS:
+            raise SystemExit(
+                f"--planner-set {assignment!r}: expected FIELD=VALUE, FIELD a PlannerConfig field other than "
+                f"{', '.join(sorted(OWN_FLAGS))} (set by their own flags)"
+            )
+        try:
+            settings[name] = json.loads(text)
+        except json.JSONDecodeError:
+            settings[name] = text
+    PlannerConfig(**settings)  # a bad value fails here, before any run
+    return settings
 
 
 def prompt_buckets(arrivals: Sequence[tuple[float, int]], t0: float, t1: float, window_s: float) -> list[int]:
@@ -476,9 +510,11 @@ def run_experiment(args: argparse.Namespace) -> int:
     peak_window = args.peak_window_s
     ray_tick_s = 1.0
 
+    overrides = planner_settings(args.planner_set)
+
     def planner(initial: tuple[int, int] = (1, 1), **variant: Any) -> SlaPlanner:
         config = PlannerConfig(
-            **variant,
+            **{**overrides, **variant},
             mode="act",
             interval_s=args.interval_s,
             predictor=args.predictor,
@@ -620,6 +656,7 @@ def run_experiment(args: argparse.Namespace) -> int:
             "backlog": not args.no_backlog,
             "trend_damping": args.trend_damping,
             "correction_after_intervals": PlannerConfig().correction_after_intervals,
+            **overrides,
         },
         "results": results,
         **({"dynamo_planner": dynamo_peer_record(dynamo_python, dynamo_init, policies)} if dynamo_python else {}),

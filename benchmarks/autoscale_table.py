@@ -37,12 +37,27 @@ def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}×" if a and b else "–"
 
 
-def row(doc: dict[str, Any], policies: tuple[str, ...] = POLICIES) -> list[str]:
+# The planner settings every run records; any other key in a run's "planner" is a `--planner-set` override.
+RECORDED = frozenset(
+    {"lookahead_s", "scale_down_intervals", "peak_window_s", "backlog", "trend_damping", "correction_after_intervals"}
+)
+
+
+def settings(doc: dict[str, Any]) -> str:
+    """The planner's scale-down window and trend damping in this run, and its `--planner-set` overrides."""
+    planner = doc.get("planner", {})
+    window = planner.get("scale_down_intervals", 0) * doc.get("interval_s", 0)
+    overrides = [f", {k}={v}" for k, v in sorted(planner.items()) if k not in RECORDED]
+    return f"{window:g} s / {planner.get('trend_damping', '–')}{''.join(overrides)}"
+
+
+def row(doc: dict[str, Any], policies: tuple[str, ...] = POLICIES, with_settings: bool = False) -> list[str]:
     r = doc["results"]
     planner, hindsight = r.get("planner"), r.get("hindsight")
     per = {k: v["attainment_per_gpu_hour"] for k, v in r.items()}
     return [
         f"{doc['workload']} ({doc['set']})",
+        *([settings(doc)] if with_settings else []),
         str(doc["requests"]),
         *(cell(r.get(p)) for p in policies),
         ratio(planner and planner["gpu_hours"], hindsight and hindsight["gpu_hours"]),
@@ -52,16 +67,18 @@ def row(doc: dict[str, Any], policies: tuple[str, ...] = POLICIES) -> list[str]:
 
 
 def summary(docs: list[dict[str, Any]], policies: tuple[str, ...] = POLICIES) -> str:
-    docs = sorted(docs, key=lambda d: (d["set"] != "training", d["workload"]))
+    docs = sorted(docs, key=lambda d: (d["set"] != "training", d["workload"], settings(d)))
+    with_settings = len({settings(d) for d in docs}) > 1  # a sweep of the planner's settings
     header = [
         "workload (set)",
+        *(["scale-down window / trend damping, settings"] if with_settings else []),
         "requests",
         *(f"{p}: attainment / GPU-h" for p in policies),
         "planner GPU-h / hindsight",
         "planner per GPU-h / best static",
         "planner per GPU-h / Ray default",
     ]
-    return table(header, [row(d, policies) for d in docs])
+    return table(header, [row(d, policies, with_settings) for d in docs])
 
 
 def main(argv: list[str] | None = None) -> int:
