@@ -11,6 +11,10 @@ per policy, the same requests each time:
                2026-12-06, and the `planner` row of the runs before it)
   planner-fast the planner with its fast loop every 2 s between intervals
                (planner.fast_interval_s)
+  planner-window30
+               the planner with a stabilisation window of 3 intervals
+               (planner.scale_down_intervals 3; 30 s at the 10 s interval,
+               the window of the runs before 2026-12-07)
   ray-default  Ray Serve's own autoscaler on each pool, its defaults:
                target_ongoing_requests 2, 30 s up-scale and 600 s down-scale delay
   static-P+D   fixed pools (`--static P+D`; e.g. the best split the
@@ -36,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import launch, report
-from orchestrator.config import AppConfig, shipped_config
+from orchestrator.config import AppConfig, PlannerConfig, shipped_config
 from tools.bench_stats import SloTerm, meets_slo, parse_slo, percentiles
 from tools.client import RequestRecord
 from tools.runner import Target, run_schedule
@@ -46,6 +50,13 @@ APP = "autoscale"
 POOLS = ("prefill_pool", "decode_pool")
 # Ray Serve's defaults for `autoscaling_config` (ray.serve.config.AutoscalingConfig).
 FAST_INTERVAL_S = 2.0  # planner-fast's fast loop, as the simulator's planner-fast
+# The planner policies: the planner settings each sets over the shipped config's.
+PLANNER_VARIANTS: dict[str, dict[str, Any]] = {
+    "planner": {},
+    "planner-uncalibrated": {"decode_step_calibration": False},
+    "planner-fast": {"fast_interval_s": FAST_INTERVAL_S},
+    "planner-window30": {"scale_down_intervals": 3},
+}
 SERVE_DEFAULT_AUTOSCALING = {"target_ongoing_requests": 2, "upscale_delay_s": 30.0, "downscale_delay_s": 600.0}
 
 
@@ -63,7 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--ttft-p99-ms", type=float, default=1000.0)
     p.add_argument("--itl-p50-ms", type=float, default=30.0)
-    p.add_argument("--interval-s", type=float, default=10.0, help="the planner's adjustment interval")
+    p.add_argument(
+        "--interval-s", type=float, default=PlannerConfig().interval_s, help="the planner's adjustment interval"
+    )
     p.add_argument("--max-replicas", type=int, default=4, help="per pool")
     p.add_argument("--policies", default="planner,ray-default,static")
     p.add_argument("--static", default="2+2", help="the static split P+D")
@@ -95,7 +108,7 @@ def app_config(policy: str, args: argparse.Namespace) -> AppConfig:
     )
     bounds = {"min_replicas": 1, "max_replicas": args.max_replicas}
     config = launch.CONFIGS / "disagg-sim.yaml"
-    if policy in ("planner", "planner-uncalibrated", "planner-fast"):
+    if policy in PLANNER_VARIANTS:
         return shipped_config(
             config,
             args.model_dir,
@@ -105,8 +118,7 @@ def app_config(policy: str, args: argparse.Namespace) -> AppConfig:
             planner__interval_s=args.interval_s,
             planner__prefill=bounds,
             planner__decode=bounds,
-            planner__decode_step_calibration=policy != "planner-uncalibrated",
-            planner__fast_interval_s=FAST_INTERVAL_S if policy == "planner-fast" else None,
+            **{f"planner__{name}": value for name, value in PLANNER_VARIANTS[policy].items()},
             **base,
         )
     if policy == "ray-default":
