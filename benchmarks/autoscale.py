@@ -560,10 +560,10 @@ def run_experiment(args: argparse.Namespace) -> int:
                 process, args.interval_s, args.startup_s, args.max_replicas, log
             )
         elif name in ("planner", "foresight", *VARIANTS):
-            variant = VARIANTS.get(name, {})
-            tick = variant.get("fast_interval_s")  # None: once an interval
+            policy = planner(initial, **VARIANTS.get(name, {}))
+            tick = policy.config.fast_interval_s  # None: once an interval
             controller = planner_controller(
-                planner(initial, **variant),
+                policy,
                 args.interval_s,
                 args.startup_s,
                 log,
