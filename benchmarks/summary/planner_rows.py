@@ -27,6 +27,9 @@ SERVE_RUN = "autoscale_serve/phases.json"  # planner, Ray Serve's autoscaler and
 SERVE_QUIET = "autoscale_serve/phases_arriving.json"
 # the shipped defaults (10 s interval, 90 s window) beside the 30 s window the runs above had, one after the other
 SERVE_DEFAULTS = "autoscale_serve/phases_defaults.json"
+# the fast loop at those defaults, and the planner without it, one after the other
+SERVE_FAST = "autoscale_serve/phases_defaults_fast.json"
+SERVE_ATTAINMENT = 0.95  # issue 36: the real app holds >= 95% of requests within the SLO
 
 
 def _pct(x: float, decimals: int = 2) -> str:
@@ -96,7 +99,7 @@ def _train_test_row(source: str) -> Row:
 
 
 def _serve_row() -> Row:
-    doc, quiet, defaults = load(SERVE_RUN), load(SERVE_QUIET), load(SERVE_DEFAULTS)
+    doc, quiet, defaults, fast = load(SERVE_RUN), load(SERVE_QUIET), load(SERVE_DEFAULTS), load(SERVE_FAST)
     runs = {r["policy"]: r for r in doc["runs"]}
     planner, ray_default, static = runs["planner"], runs["ray-default"], runs["static"]
     # In this run `planner` had decode step calibration off (the default then), `planner-calibrated` on.
@@ -104,8 +107,10 @@ def _serve_row() -> Row:
     calibrated, uncalibrated = reruns["planner-calibrated"], reruns["planner"]
     static_split = "P+".join(doc["args"]["static"].split("+")) + "D"
     shipped = {r["policy"]: r for r in defaults["runs"]}
-    unanswered = sum(r["requests"] - r["answered"] for r in (*doc["runs"], *quiet["runs"], *defaults["runs"]))
-    scale_downs = [s for r in (*quiet["runs"], *defaults["runs"]) for s in r["scale_downs"]]
+    with_fast = {r["policy"]: r for r in fast["runs"]}
+    runs_since = (*quiet["runs"], *defaults["runs"], *fast["runs"])
+    unanswered = sum(r["requests"] - r["answered"] for r in (*doc["runs"], *runs_since))
+    scale_downs = [s for r in runs_since for s in r["scale_downs"]]
     result = (
         f"{doc['workload']}, {doc['args']['sim_model']}-class engines, {_sla(doc['sla'])}, shared machine: planner "
         f"{_at(planner, 1)} GPU-h, Ray Serve's autoscaler (defaults) {_at(ray_default, 1)}, static {static_split} "
@@ -115,11 +120,23 @@ def _serve_row() -> Row:
         f"decode step calibrated from what the replicas measure (the default since 2026-12-06) "
         f"{_at(calibrated, 1)} GPU-h, without the calibration {_at(uncalibrated, 1)}. The shipped defaults "
         f"(10 s interval, 90 s window) {_at(shipped['planner'], 1)} GPU-h, the 30 s window in the same session "
-        f"{_at(shipped['planner-window30'], 1)}; {sum(s['lost'] for s in scale_downs)} lost at these runs' "
-        f"{len(scale_downs)} scale-downs. Requests unanswered: {unanswered}"
+        f"{_at(shipped['planner-window30'], 1)}. With the fast loop (`fast_interval_s: 2`) at the defaults "
+        f"{_at(with_fast['planner-fast'], 1)} GPU-h, without it in the same session {_at(with_fast['planner'], 1)}; "
+        f"{sum(s['lost'] for s in scale_downs)} lost at these runs' {len(scale_downs)} scale-downs. Requests "
+        f"unanswered: {unanswered}"
     )
-    sources = (SERVE_RUN, SERVE_QUIET, SERVE_DEFAULTS)
-    return Row("SLA planner on the Ray Serve app, real time (simulated engines)", result, sources)
+    sources = (SERVE_RUN, SERVE_QUIET, SERVE_DEFAULTS, SERVE_FAST)
+    targets = (
+        Target(
+            f"≥ {_pct(SERVE_ATTAINMENT, 0)} within SLO, the shipped defaults",
+            with_fast["planner"]["attainment"] >= SERVE_ATTAINMENT,
+        ),
+        Target(
+            f"≥ {_pct(SERVE_ATTAINMENT, 0)} within SLO, with the fast loop",
+            with_fast["planner-fast"]["attainment"] >= SERVE_ATTAINMENT,
+        ),
+    )
+    return Row("SLA planner on the Ray Serve app, real time (simulated engines)", result, sources, targets)
 
 
 def _dynamo_row() -> Row:
