@@ -183,10 +183,14 @@ HINDSIGHT_TARGET = 0.99  # the share of requests within the SLO the hindsight op
 # -- observation -----------------------------------------------------------------------------------------------------
 
 
-# PlannerConfig fields the experiment sets from its own flags.
+# PlannerConfig fields the experiment sets from its own flags (peak_window_s also sets the replicas' reports).
 OWN_FLAGS = frozenset(
     {"mode", "interval_s", "predictor", "prefill", "decode", "scale_down_intervals", "replica_startup_s"}
-    | {"trend_damping"}
+    | {"trend_damping", "peak_window_s"}
+)
+# The planner settings every run records under "planner"; any other key there is a --planner-set override.
+RECORDED_SETTINGS = frozenset(
+    {"lookahead_s", "scale_down_intervals", "peak_window_s", "backlog", "trend_damping", "correction_after_intervals"}
 )
 
 
@@ -635,6 +639,15 @@ def run_experiment(args: argparse.Namespace) -> int:
     if "hindsight" in policies:
         results["hindsight"] = hindsight_run(args, series, results, run_static, run_schedule, horizon)
 
+    recorded = {
+        "lookahead_s": lookahead,
+        "scale_down_intervals": scale_down,
+        "peak_window_s": peak_window,
+        "backlog": not args.no_backlog,
+        "trend_damping": args.trend_damping,
+        "correction_after_intervals": PlannerConfig().correction_after_intervals,
+    }
+    assert recorded.keys() == RECORDED_SETTINGS  # what autoscale_table tells apart from the overrides
     doc = {
         "experiment": "autoscale",
         "version": 1,
@@ -649,15 +662,7 @@ def run_experiment(args: argparse.Namespace) -> int:
         "interval_s": args.interval_s,
         "startup_s": args.startup_s,
         "predictor": args.predictor,
-        "planner": {
-            "lookahead_s": lookahead,
-            "scale_down_intervals": scale_down,
-            "peak_window_s": peak_window,
-            "backlog": not args.no_backlog,
-            "trend_damping": args.trend_damping,
-            "correction_after_intervals": PlannerConfig().correction_after_intervals,
-            **overrides,
-        },
+        "planner": {**recorded, **overrides},
         "results": results,
         **({"dynamo_planner": dynamo_peer_record(dynamo_python, dynamo_init, policies)} if dynamo_python else {}),
         "series": series,

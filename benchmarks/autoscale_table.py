@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from benchmarks.autoscale import RECORDED_SETTINGS
 from benchmarks.report import table
 
 POLICIES = (
@@ -37,17 +38,11 @@ def ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}×" if a and b else "–"
 
 
-# The planner settings every run records; any other key in a run's "planner" is a `--planner-set` override.
-RECORDED = frozenset(
-    {"lookahead_s", "scale_down_intervals", "peak_window_s", "backlog", "trend_damping", "correction_after_intervals"}
-)
-
-
 def settings(doc: dict[str, Any]) -> str:
     """The planner's scale-down window and trend damping in this run, and its `--planner-set` overrides."""
     planner = doc.get("planner", {})
     window = planner.get("scale_down_intervals", 0) * doc.get("interval_s", 0)
-    overrides = [f", {k}={v}" for k, v in sorted(planner.items()) if k not in RECORDED]
+    overrides = [f", {k}={v}" for k, v in sorted(planner.items()) if k not in RECORDED_SETTINGS]
     return f"{window:g} s / {planner.get('trend_damping', '–')}{''.join(overrides)}"
 
 

@@ -57,7 +57,12 @@ def test_planner_settings_for_a_sweep_are_config_fields_validated_before_any_run
         "prefill_queueing": "wait",
         "queueing_factor": 2.5,
     }
-    for bad in ("no_such_field=1", "trend_damping=1", "queueing_factor"):  # unknown; its own flag; no value
+    for bad in (
+        "no_such_field=1",
+        "trend_damping=1",
+        "peak_window_s=4",
+        "queueing_factor",
+    ):  # unknown; own flag; no value
         with pytest.raises(SystemExit, match="FIELD=VALUE"):
             planner_settings([bad])
     with pytest.raises(ValidationError):
