@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import dynamo_planner, launch, report
+from benchmarks.autoscale_baselines import SUMMARY, Baselines, grid_name, parse_split, split_name, static_splits
 from benchmarks.hindsight import Counts, cheapest_schedule
 from benchmarks.ray_autoscaler import ray_default_controller
 from orchestrator.config import PlannerConfig, PoolBounds, RoutingConfig, SimEngineConfig, SlaConfig
@@ -130,6 +131,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policies",
         default="planner,planner-uncalibrated,planner-md1,planner-wait,foresight,ray-default,ray-tuned,static,hindsight",
+    )
+    p.add_argument(
+        "--baselines-from",
+        default=None,
+        metavar="RESULT.json",
+        help="static, hindsight: reuse an earlier run's of the same load where they stand for this run's "
+        "(benchmarks/autoscale_baselines.py); the rest run",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1, help="runs in parallel (processes)")
@@ -355,6 +363,17 @@ def schedule_controller(
     return make
 
 
+def hindsight_top(series: dict[str, list[dict]], results: dict[str, Any], max_replicas: int) -> Counts:
+    """The hindsight grid's largest counts: one more than the planner, its variants or the best static split used."""
+    # Ray's policies are left out: their over-provisioning would only widen the grid.
+    used = [(e["prefill"], e["decode"]) for name, log in series.items() if not name.startswith("ray") for e in log]
+    best = results.get("static", {}).get("split")
+    if best:
+        used.append(parse_split(best))
+    prefill, decode = (min(max((u[i] for u in used), default=2) + 1, max_replicas) for i in (0, 1))
+    return prefill, decode
+
+
 def hindsight_run(
     args: argparse.Namespace,
     series: dict[str, list[dict]],
@@ -367,12 +386,7 @@ def hindsight_run(
     of every (prefill, decode) up to one more replica than the planner, its
     variants or the best static split used,
     replayed in the simulator: what is reported is the replay."""
-    # Ray's policies are left out: their over-provisioning would only widen the grid.
-    used = [(e["prefill"], e["decode"]) for name, log in series.items() if not name.startswith("ray") for e in log]
-    best = results.get("static", {}).get("split")
-    if best:
-        used.append(tuple(int(n) for n in best.rstrip("D").split("P+")))
-    top = [min(max((u[i] for u in used), default=2) + 1, args.max_replicas) for i in (0, 1)]
+    top = hindsight_top(series, results, args.max_replicas)
     grid = [(p, d) for p in range(1, top[0] + 1) for d in range(1, top[1] + 1)]
     intervals = math.ceil(horizon_s / args.interval_s + 1e-9)
     met: dict[Counts, list[int]] = {}
@@ -393,7 +407,7 @@ def hindsight_run(
         **replay,
         "predicted": {"attainment": plan.attainment, "gpu_hours": plan.gpu_s / 3600},
         "target": HINDSIGHT_TARGET,
-        "grid": f"1..{top[0]}P x 1..{top[1]}D",
+        "grid": grid_name(top),
         "schedule": [list(c) for c in plan.counts],
     }
 
@@ -515,6 +529,25 @@ def run_experiment(args: argparse.Namespace) -> int:
     ray_tick_s = 1.0
 
     overrides = planner_settings(args.planner_set)
+    load = [
+        {"t": t, "rate": f.request_rate, "isl": f.mean_isl, "osl": f.mean_osl}
+        for t in range(0, int(horizon), int(args.interval_s))
+        for f in [forecast(requests, t, t + args.interval_s)]
+    ]
+    the_load = {  # LOAD_FIELDS: what the baselines were measured on
+        "workload": args.workload,
+        "requests": len(requests),
+        "horizon_s": horizon,
+        "sla": sla.model_dump(),
+        "gpu": args.gpu,
+        "model": args.sim_model,
+        "interval_s": args.interval_s,
+        "startup_s": args.startup_s,
+        "load": load,
+    }
+    baselines = Baselines.read(args.baselines_from) if args.baselines_from else None
+    if baselines:
+        baselines.check_load(the_load)
 
     def planner(initial: tuple[int, int] = (1, 1), **variant: Any) -> SlaPlanner:
         config = PlannerConfig(
@@ -597,30 +630,35 @@ def run_experiment(args: argparse.Namespace) -> int:
 
     def run_static(split: tuple[int, int]) -> tuple[dict[str, Any], list[dict]]:
         r = run_policy(spec(*split), engine, requests, horizon, args.interval_s, None, sla, args.seed)
-        r["split"] = f"{split[0]}P+{split[1]}D"
+        r["split"] = split_name(split)
         print(f"static {r['split']}: attainment {r['attainment']:.4f}, {r['gpu_hours']:.3f} GPU-h", flush=True)
         return r, []
+
+    reused: dict[str, Any] = {}
+    if baselines:  # the same code before anything is reused
+        reused["checked"] = baselines.check_code(lambda split: run_static(split)[0])
 
     results: dict[str, Any] = {}
     series: dict[str, list[dict]] = {}
     named = [p for p in policies if p not in ("static", "hindsight")]
     for name, (result, log) in zip(named, _map(run_named, named, args.jobs)):
         results[name], series[name] = result, log
+
+    def run_splits(splits: Sequence[Counts]) -> list[dict[str, Any]]:
+        return [r for r, _ in _map(run_static, splits, args.jobs)]
+
     if "static" in policies:
         # Fixed pools of about the planner's GPU-hours: every split of the GPU
         # counts just under and over its mean, the best per GPU-hour kept.
         reference = results.get("planner") or next(iter(results.values()), None)
-        mean = reference["gpu_hours"] * 3600 / horizon if reference else 4.0
-        counts = sorted({max(2, math.floor(mean)), max(2, math.ceil(mean))})
-        splits = [(p, n - p) for n in counts for p in range(1, n)]
-        tried = [r for r, _ in _map(run_static, splits, args.jobs)]
-        best = max(tried, key=lambda r: (r["attainment_per_gpu_hour"], r["attainment"]))
-        results["static"] = {
-            **best,
-            "tried": {
-                r["split"]: {k: r[k] for k in ("attainment", "gpu_hours", "attainment_per_gpu_hour")} for r in tried
-            },
-        }
+        splits = static_splits(reference["gpu_hours"] if reference else None, horizon)
+        if baselines:
+            results["static"], ran = baselines.static_result(splits, run_splits)
+            reused["static_ran"] = ran
+        else:
+            tried = run_splits(splits)
+            best = max(tried, key=lambda r: (r["attainment_per_gpu_hour"], r["attainment"]))
+            results["static"] = {**best, "tried": {r["split"]: {k: r[k] for k in SUMMARY} for r in tried}}
 
     def run_schedule(counts: Sequence[Counts]) -> dict[str, Any]:
         ahead = math.ceil(args.startup_s / args.interval_s - 1e-9)
@@ -637,7 +675,13 @@ def run_experiment(args: argparse.Namespace) -> int:
         )
 
     if "hindsight" in policies:
-        results["hindsight"] = hindsight_run(args, series, results, run_static, run_schedule, horizon)
+        top = hindsight_top(series, results, args.max_replicas)
+        if baselines and baselines.covers(top):
+            results["hindsight"] = dict(baselines.hindsight)
+            reused["hindsight"] = f"reused: its grid holds {grid_name(top)}, this run's"
+        else:
+            results["hindsight"] = hindsight_run(args, series, results, run_static, run_schedule, horizon)
+            reused["hindsight"] = "ran"
 
     recorded = {
         "lookahead_s": lookahead,
@@ -651,26 +695,15 @@ def run_experiment(args: argparse.Namespace) -> int:
     doc = {
         "experiment": "autoscale",
         "version": 1,
-        "workload": args.workload,
         "set": "training" if args.workload in TRAINING else "test",
-        "requests": len(requests),
         "initial_replicas": {"prefill": initial[0], "decode": initial[1]},
-        "horizon_s": horizon,
-        "sla": sla.model_dump(),
-        "gpu": args.gpu,
-        "model": args.sim_model,
-        "interval_s": args.interval_s,
-        "startup_s": args.startup_s,
+        **the_load,
         "predictor": args.predictor,
         "planner": {**recorded, **overrides},
         "results": results,
+        **({"baselines": {"from": baselines.path, "commit": baselines.commit, **reused}} if baselines else {}),
         **({"dynamo_planner": dynamo_peer_record(dynamo_python, dynamo_init, policies)} if dynamo_python else {}),
         "series": series,
-        "load": [
-            {"t": t, "rate": f.request_rate, "isl": f.mean_isl, "osl": f.mean_osl}
-            for t in range(0, int(horizon), int(args.interval_s))
-            for f in [forecast(requests, t, t + args.interval_s)]
-        ],
     }
     report.write(args.out, doc, plot=plot_experiment)
     print(
