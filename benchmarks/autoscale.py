@@ -2,17 +2,19 @@
 simulator (virtual time), one run per autoscaling policy, same requests:
 
   planner       our SLA planner (orchestrator/planner) with its predictor,
-                looking the replicas' start-up time ahead
-  planner-md1   the same with the prefill queue sized as M/D/1 (the rule
+                looking the replicas' start-up time ahead, its fast loop
+                every 2 s between steps (the controller ticks every 2 s)
+  planner-kingman
+                the same with the prefill rule before 2026-12-07: the mean
+                TTFT under the p99 target / 3 (`prefill_queueing: kingman`,
+                `queueing_factor: 3`)
+  planner-md1   that rule with the prefill queue sized as M/D/1 (the rule
                 before burstiness was measured: `prefill_queueing: md1`)
-  planner-wait  the same with queueing_factor on the prefill queue's wait
-                only, not the prompt's service time (`prefill_queueing:
-                wait`)
   planner-uncalibrated
                 the same with the profile's decode step as it is, not scaled
                 by what the replicas measure (`decode_step_calibration: false`)
-  planner-fast  the same with its fast loop every 2 s between steps
-                (`fast_interval_s: 2`; the controller ticks every 2 s)
+  planner-slow  the same without its fast loop: one decision an interval
+                (`fast_interval_s: null`, the default before 2026-12-07)
   dynamo, dynamo-fast
                 NVIDIA Dynamo 1.6.1's planner, its own code in its own
                 environment (benchmarks/dynamo_planner.py): its defaults, and
@@ -78,9 +80,9 @@ from tools.workloads import AzureTrace, RequestSpec, TokenPool, replay_offsets
 
 # The planner variants: what each sets differently from `planner` (the shipped config).
 VARIANTS = {
-    "planner-fast": {"fast_interval_s": 2.0},
-    "planner-md1": {"prefill_queueing": "md1"},
-    "planner-wait": {"prefill_queueing": "wait"},
+    "planner-slow": {"fast_interval_s": None},
+    "planner-kingman": {"prefill_queueing": "kingman", "queueing_factor": 3.0},
+    "planner-md1": {"prefill_queueing": "md1", "queueing_factor": 3.0},
     "planner-uncalibrated": {"decode_step_calibration": False},
 }
 
@@ -130,7 +132,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--policies",
-        default="planner,planner-uncalibrated,planner-md1,planner-wait,foresight,ray-default,ray-tuned,static,hindsight",
+        default="planner,planner-slow,planner-kingman,foresight,ray-default,ray-tuned,static,hindsight",
     )
     p.add_argument(
         "--baselines-from",

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.hindsight import Counts
+from benchmarks.launch import ROOT
 
 # The result fields that fix the load the baselines were measured on.
 LOAD_FIELDS = ("workload", "requests", "horizon_s", "sla", "gpu", "model", "interval_s", "startup_s", "load")
@@ -82,7 +83,7 @@ class Baselines:
         missing = [k for k in ("static", "hindsight") if k not in results]
         if missing:
             raise SystemExit(f"--baselines-from {path}: no {' or '.join(missing)} result to reuse")
-        return cls(str(path), _commit(Path(path)), results["static"], results["hindsight"], _load(doc))
+        return cls(_shown(Path(path)), _commit(Path(path)), results["static"], results["hindsight"], _load(doc))
 
     def check_load(self, load: Mapping[str, Any]) -> None:
         """Stop unless `load` (this run's LOAD_FIELDS) is the earlier run's."""
@@ -139,6 +140,11 @@ def _load(doc: Mapping[str, Any]) -> dict[str, Any]:
 
 def _canonical(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
+
+
+def _shown(path: Path) -> str:
+    """`path` as recorded: from the repository's root where it lies inside it."""
+    return str(path.resolve().relative_to(ROOT)) if path.resolve().is_relative_to(ROOT) else str(path)
 
 
 def _commit(path: Path) -> str | None:

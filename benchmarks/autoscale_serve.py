@@ -3,14 +3,16 @@ real Ray Serve application (configs/disagg-sim.yaml: simulated H100 engines in
 real time, the real frontend, scheduler, KV index and autoscaling), one run
 per policy, the same requests each time:
 
-  planner      our SLA planner as Serve's autoscaling policy (planner.mode act)
+  planner      our SLA planner as Serve's autoscaling policy (planner.mode act),
+               the shipped planner settings (its fast loop every 2 s)
   planner-uncalibrated
                the same with the profile's decode step as it is, not scaled
                by what the decode replicas measure
                (planner.decode_step_calibration false; the default before
                2026-12-06, and the `planner` row of the runs before it)
-  planner-fast the planner with its fast loop every 2 s between intervals
-               (planner.fast_interval_s)
+  planner-slow the planner without its fast loop: one decision an interval
+               (planner.fast_interval_s null; the default before 2026-12-07,
+               when runs named the fast loop's `planner-fast`)
   planner-window30
                the planner with a stabilisation window of 3 intervals
                (planner.scale_down_intervals 3; 30 s at the 10 s interval,
@@ -20,8 +22,11 @@ per policy, the same requests each time:
   static-P+D   fixed pools (`--static P+D`; e.g. the best split the
                virtual-time experiment found for the same workload)
 
-The workload is a prefill-heavy phase then a decode-heavy one, each a
-sinusoidal Poisson rate (tools.workloads.phase_requests). Per request, SLO met = TTFT within
+The workload (`--workload`): phases, a prefill-heavy phase then a decode-heavy
+one, each a sinusoidal Poisson rate (tools.workloads.phase_requests; the
+planner's training load); or bursty-prefill, long prompts and short outputs
+arriving in clusters (tools.workloads.bursty_prefill_requests, the
+simulator's test load of that name). Per request, SLO met = TTFT within
 `ttft_p99_ms` and its median ITL within `itl_p50_ms`, measured by the client.
 Replicas are read from Serve's own status every `--poll-s` (starting and
 running ones cost; GPU-hours = integral of replicas x GPUs per replica).
@@ -36,6 +41,7 @@ import asyncio
 import math
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +50,16 @@ from orchestrator.config import AppConfig, PlannerConfig, shipped_config
 from tools.bench_stats import SloTerm, meets_slo, parse_slo, percentiles
 from tools.client import RequestRecord
 from tools.runner import Target, run_schedule
-from tools.workloads import RequestSpec, phase_requests
+from tools.workloads import RequestSpec, bursty_prefill_requests, phase_requests
 
 APP = "autoscale"
 POOLS = ("prefill_pool", "decode_pool")
 # Ray Serve's defaults for `autoscaling_config` (ray.serve.config.AutoscalingConfig).
-FAST_INTERVAL_S = 2.0  # planner-fast's fast loop, as the simulator's planner-fast
 # The planner policies: the planner settings each sets over the shipped config's.
 PLANNER_VARIANTS: dict[str, dict[str, Any]] = {
     "planner": {},
     "planner-uncalibrated": {"decode_step_calibration": False},
-    "planner-fast": {"fast_interval_s": FAST_INTERVAL_S},
+    "planner-slow": {"fast_interval_s": None},
     "planner-window30": {"scale_down_intervals": 3},
 }
 SERVE_DEFAULT_AUTOSCALING = {"target_ongoing_requests": 2, "upscale_delay_s": 30.0, "downscale_delay_s": 600.0}
@@ -62,10 +67,11 @@ SERVE_DEFAULT_AUTOSCALING = {"target_ongoing_requests": 2, "upscale_delay_s": 30
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-dir", default=str(launch.MODEL_DIR), help="the tokenizer the frontend loads")
-    p.add_argument("--minutes", type=float, default=6.0, help="length of the load; half each phase")
+    p.add_argument("--workload", choices=sorted(WORKLOADS), default="phases")
+    p.add_argument("--minutes", type=float, default=6.0, help="length of the load; phases: half each phase")
     p.add_argument("--rate", type=float, default=4.0, help="mean requests/s")
-    p.add_argument("--prefill-phase", default="2000/20", help="ISL/OSL of the first half")
-    p.add_argument("--decode-phase", default="300/200", help="ISL/OSL of the second half")
+    p.add_argument("--prefill-phase", default="2000/20", help="phases: ISL/OSL of the first half")
+    p.add_argument("--decode-phase", default="300/200", help="phases: ISL/OSL of the second half")
     p.add_argument(
         "--sim-model",
         choices=["llama-3.1-8b", "llama-3.1-70b", "qwen3-32b"],
@@ -91,6 +97,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _lengths(text: str) -> tuple[int, int]:
     isl, osl = text.split("/")
     return int(isl), int(osl)
+
+
+TOKEN_RANGE = (10, 600)  # the tiny tokenizer's vocabulary
+
+
+def phases(args: argparse.Namespace) -> tuple[str, list[RequestSpec]]:
+    lengths = _lengths(args.prefill_phase), _lengths(args.decode_phase)
+    requests = phase_requests(args.minutes, args.rate, *lengths, args.seed, token_range=TOKEN_RANGE)
+    return f"phases {args.prefill_phase} then {args.decode_phase}, {args.rate} req/s mean, {args.minutes} min", requests
+
+
+def bursty_prefill(args: argparse.Namespace) -> tuple[str, list[RequestSpec]]:
+    requests = bursty_prefill_requests(args.minutes, args.rate, args.seed, TOKEN_RANGE)
+    what = "bursty prefill-heavy (gamma gaps CV 2.5, ISL median 1470 / mean 2000, OSL mean 28)"
+    return f"{what}, {args.rate} req/s mean, {args.minutes} min", requests
+
+
+# Each: what the result calls the load, and its requests.
+WORKLOADS: dict[str, Callable[[argparse.Namespace], tuple[str, list[RequestSpec]]]] = {
+    "phases": phases,
+    "bursty-prefill": bursty_prefill,
+}
 
 
 # -- the application per policy ----------------------------------------------------------------------------------------
@@ -226,6 +254,8 @@ def summarize(
 ) -> dict[str, Any]:
     slo = request_slo(args)
     met = [meets_slo(r, slo) for r in records]
+    # per request, the SLO terms it missed (a failed request misses them all)
+    missed = [{t.metric for t in slo if not meets_slo(r, [t])} for r in records]
     attainment = sum(met) / len(met) if met else 0.0
     gpu_h = gpu_seconds(samples) / 3600
     intervals = []
@@ -239,6 +269,7 @@ def summarize(
                 "t0_s": t0,
                 "offered_rps": len(idx) / bin_s,
                 "attainment": sum(met[i] for i in idx) / len(idx) if idx else None,
+                "missed": {t.metric: sum(t.metric in missed[i] for i in idx) for t in slo},
                 **{p: statistics.fmean(s[p] for s in in_bin) if in_bin else None for p in POOLS},
             }
         )
@@ -281,14 +312,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 
 
 def run_experiment(args: argparse.Namespace) -> int:
-    requests = phase_requests(
-        args.minutes,
-        args.rate,
-        _lengths(args.prefill_phase),
-        _lengths(args.decode_phase),
-        args.seed,
-        token_range=(10, 600),
-    )  # the tiny tokenizer's vocabulary
+    workload, requests = WORKLOADS[args.workload](args)
     port = launch.free_port()
     runs = []
     for policy in args.policies.split(","):
@@ -301,7 +325,7 @@ def run_experiment(args: argparse.Namespace) -> int:
     doc = {
         "schema": "orchestrator-autoscale-serve/1",
         "created_at": time.time(),
-        "workload": f"phases {args.prefill_phase} then {args.decode_phase}, {args.rate} req/s mean, {args.minutes} min",
+        "workload": workload,
         "sla": {"ttft_p99_ms": args.ttft_p99_ms, "itl_p50_ms": args.itl_p50_ms},
         "args": {k: v for k, v in vars(args).items() if isinstance(v, (str, int, float, bool))},
         "runs": runs,

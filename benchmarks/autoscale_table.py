@@ -17,9 +17,12 @@ from benchmarks.report import table
 POLICIES = (
     "hindsight",
     "planner",
+    "planner-slow",
+    "planner-kingman",
     "planner-uncalibrated",
     "planner-md1",
-    "planner-wait",
+    "planner-wait",  # runs before 2026-12-07: the wait rule (now the default's)
+    "planner-fast",  # runs before 2026-12-07: the fast loop (now on by default)
     "foresight",
     "ray-default",
     "ray-tuned",
@@ -62,7 +65,9 @@ def row(doc: dict[str, Any], policies: tuple[str, ...] = POLICIES, with_settings
 
 
 def summary(docs: list[dict[str, Any]], policies: tuple[str, ...] = POLICIES) -> str:
+    """One row a document; a column for each of `policies` some document ran."""
     docs = sorted(docs, key=lambda d: (d["set"] != "training", d["workload"], settings(d)))
+    policies = tuple(p for p in policies if any(p in d["results"] for d in docs))
     with_settings = len({settings(d) for d in docs}) > 1  # a sweep of the planner's settings
     header = [
         "workload (set)",

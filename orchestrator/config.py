@@ -644,8 +644,8 @@ class PlannerConfig(_Strict):
     interval_s: PositiveFloat = Field(
         default=10.0,
         description="Seconds between planner decisions; also the window over which each replica reports its load to "
-        "the planner. The planner's rules were fitted and are measured at 10 s; at 30 s it sizes a rise an "
-        "interval later (set fast_interval_s there).",
+        "the planner. The planner's rules were fitted and are measured at 10 s; at 30 s its predictive loop sizes a "
+        "rise an interval later (the fast loop, fast_interval_s, catches it sooner).",
     )
     predictor: Literal["constant", "moving_average", "kalman", "seasonal"] = Field(
         default="kalman",
@@ -678,10 +678,13 @@ class PlannerConfig(_Strict):
         "most any of them asked for (the stabilisation window: 90 s at the default interval).",
     )
     queueing_factor: PositiveFloat = Field(
-        default=3.0, description="p99 TTFT over mean TTFT assumed when sizing prefill against the p99 target."
+        default=4.0,
+        description="How far the p99 TTFT lies above the mean when sizing prefill against the p99 target: "
+        "wait: the p99 wait over the mean wait (the default, fitted on the training loads); kingman, md1: the p99 "
+        "TTFT over the mean TTFT (3 was fitted for those).",
     )
     prefill_queueing: Literal["kingman", "md1", "wait"] = Field(
-        default="kingman",
+        default="wait",
         description="The prefill queue the planner sizes for: kingman (G/G/1 with the burstiness measured from "
         "the prompt tokens arriving per peak bucket, its mean TTFT under the p99 target / queueing_factor), md1 "
         "(Poisson arrivals of equal prompts, the rule before), or wait (the same G/G/1 queue, the prompt's "
@@ -730,13 +733,14 @@ class PlannerConfig(_Strict):
         "them: the other pool keeps scaling, and a smaller ask cancels pending replicas first.",
     )
     fast_interval_s: PositiveFloat | None = Field(
-        default=None,
+        default=2.0,
         description="The fast loop: every this many seconds between the interval's decisions, the planner "
         "re-sizes both pools from the prompt tokens/s of the last few seconds and what their engines hold now (the "
         "prompt tokens queued for prefill, the decode streams running and waiting), and raises a pool that is "
         "short at once; it never "
         "lowers one (a raised pool comes down through scale_down_intervals, as any other). Under Serve it reads "
-        "the replicas' latest reports, pushed every second (the pools' autoscaling metrics_interval_s). None: off.",
+        "the replicas' latest reports, pushed every second (the pools' autoscaling metrics_interval_s). None: off "
+        "(the predictive loop alone).",
     )
     correction_after_intervals: PositiveInt = Field(
         default=2,
@@ -751,7 +755,7 @@ class PlannerConfig(_Strict):
         if self.fast_interval_s is not None and self.fast_interval_s >= self.interval_s:
             raise ValueError(
                 f"planner.fast_interval_s ({self.fast_interval_s}) must be shorter than planner.interval_s "
-                f"({self.interval_s}): the fast loop runs between the interval's decisions"
+                f"({self.interval_s}): the fast loop runs between the interval's decisions (null: no fast loop)"
             )
         return self
 

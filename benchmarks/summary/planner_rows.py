@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from benchmarks.summary.row import RESULTS, Row, Target, load, ratio
 
-TRAIN_TEST = "simulator/autoscale_tt"  # one document a load: `python -m benchmarks.autoscale`
+# one document a load: `python -m benchmarks.autoscale`, the planner at the shipped defaults
+TRAIN_TEST = "simulator/autoscale_shipped"
 # BENCHMARKS "### Train/test with a hindsight optimum": the planner's targets against the other policies
-ATTAINMENT_POINTS_BELOW_HINDSIGHT = 1.0  # within 1 point of the hindsight optimum's attainment
+# issue 36: attainment >= min(99%, the hindsight optimum's less half a point)
+ATTAINMENT_CEILING = 0.99
+ATTAINMENT_POINTS_BELOW_HINDSIGHT = 0.5
 GPU_HOURS_OVER_HINDSIGHT = 1.15  # at most 1.15× its GPU-hours
 PER_GPU_HOUR_OVER_STATIC = 1.0  # attainment per GPU-hour at least the best static split's
 PER_GPU_HOUR_OVER_RAY_DEFAULT = 3.0  # and at least 3× Ray Serve's default policy's
@@ -25,10 +28,15 @@ DYNAMO_POLICIES = {"dynamo": "its defaults", "dynamo-fast": "deciding every inte
 SERVE_RUN = "autoscale_serve/phases.json"  # planner, Ray Serve's autoscaler and a static split, one machine
 # the planner on a quiet machine, decode step calibration on (now the default) and off, one after the other
 SERVE_QUIET = "autoscale_serve/phases_arriving.json"
-# the shipped defaults (10 s interval, 90 s window) beside the 30 s window the runs above had, one after the other
+# a 10 s interval and 90 s window beside the 30 s window the runs above had, one after the other
 SERVE_DEFAULTS = "autoscale_serve/phases_defaults.json"
-# the fast loop at those defaults, and the planner without it, one after the other
+# the fast loop at that interval and window, and the planner without it, one after the other
 SERVE_FAST = "autoscale_serve/phases_defaults_fast.json"
+# the shipped defaults since 2026-12-07 (the wait rule at factor 4, the fast loop) and the static split, one
+# after the other
+SERVE_SHIPPED = "autoscale_serve/phases_shipped.json"
+# the same on the bursty prefill-heavy test load
+SERVE_TEST = "autoscale_serve/bursty_prefill_shipped.json"
 SERVE_ATTAINMENT = 0.95  # issue 36: the real app holds >= 95% of requests within the SLO
 
 
@@ -72,11 +80,12 @@ def _train_test_row(source: str) -> Row:
         f"×{_per_gpu_hour(planner, ray_default):.2f} Ray Serve's default policy ({_at(ray_default)}), "
         f"×{_per_gpu_hour(planner, ray_tuned):.2f} Ray's policy tuned ({_at(ray_tuned)})"
     )
-    points_below = 100 * (hindsight["attainment"] - planner["attainment"])
+    floor = min(ATTAINMENT_CEILING, hindsight["attainment"] - ATTAINMENT_POINTS_BELOW_HINDSIGHT / 100)
     targets = (
         Target(
-            f"attainment within {ATTAINMENT_POINTS_BELOW_HINDSIGHT:g} point of the hindsight optimum's",
-            points_below <= ATTAINMENT_POINTS_BELOW_HINDSIGHT,
+            f"attainment ≥ min({_pct(ATTAINMENT_CEILING, 0)}, the hindsight optimum's − "
+            f"{ATTAINMENT_POINTS_BELOW_HINDSIGHT:g} point) = {_pct(floor)}",
+            planner["attainment"] >= floor - 1e-12,
         ),
         Target(
             f"GPU-hours ≤ ×{GPU_HOURS_OVER_HINDSIGHT:.2f} the hindsight optimum's",
@@ -98,17 +107,25 @@ def _train_test_row(source: str) -> Row:
     return Row(what, result, (source,), targets)
 
 
+def _split(run: dict) -> str:
+    """An autoscale_serve run's static split, as P+D."""
+    return "P+".join(run["args"]["static"].split("+")) + "D"
+
+
 def _serve_row() -> Row:
     doc, quiet, defaults, fast = load(SERVE_RUN), load(SERVE_QUIET), load(SERVE_DEFAULTS), load(SERVE_FAST)
+    shipped_run, test_run = load(SERVE_SHIPPED), load(SERVE_TEST)
+    now = {r["policy"]: r for r in shipped_run["runs"]}
+    test = {r["policy"]: r for r in test_run["runs"]}
     runs = {r["policy"]: r for r in doc["runs"]}
     planner, ray_default, static = runs["planner"], runs["ray-default"], runs["static"]
     # In this run `planner` had decode step calibration off (the default then), `planner-calibrated` on.
     reruns = {r["policy"]: r for r in quiet["runs"]}
     calibrated, uncalibrated = reruns["planner-calibrated"], reruns["planner"]
-    static_split = "P+".join(doc["args"]["static"].split("+")) + "D"
+    static_split = _split(doc)
     shipped = {r["policy"]: r for r in defaults["runs"]}
     with_fast = {r["policy"]: r for r in fast["runs"]}
-    runs_since = (*quiet["runs"], *defaults["runs"], *fast["runs"])
+    runs_since = (*quiet["runs"], *defaults["runs"], *fast["runs"], *now.values(), *test.values())
     unanswered = sum(r["requests"] - r["answered"] for r in (*doc["runs"], *runs_since))
     scale_downs = [s for r in runs_since for s in r["scale_downs"]]
     result = (
@@ -118,22 +135,35 @@ def _serve_row() -> Row:
         f"{100 * (static['attainment'] - planner['attainment']):.1f} points less attainment, "
         f"×{_per_gpu_hour(planner, ray_default):.2f} Ray's. On a quiet machine, a 30 s stabilisation window: the "
         f"decode step calibrated from what the replicas measure (the default since 2026-12-06) "
-        f"{_at(calibrated, 1)} GPU-h, without the calibration {_at(uncalibrated, 1)}. The shipped defaults "
-        f"(10 s interval, 90 s window) {_at(shipped['planner'], 1)} GPU-h, the 30 s window in the same session "
-        f"{_at(shipped['planner-window30'], 1)}. With the fast loop (`fast_interval_s: 2`) at the defaults "
-        f"{_at(with_fast['planner-fast'], 1)} GPU-h, without it in the same session {_at(with_fast['planner'], 1)}; "
+        f"{_at(calibrated, 1)} GPU-h, without the calibration {_at(uncalibrated, 1)}. A 10 s interval and 90 s "
+        f"window {_at(shipped['planner'], 1)} GPU-h, the 30 s window in the same session "
+        f"{_at(shipped['planner-window30'], 1)}; with the fast loop (`fast_interval_s: 2`) "
+        f"{_at(with_fast['planner-fast'], 1)} GPU-h, without it in the same session {_at(with_fast['planner'], 1)}. "
+        f"The shipped defaults (since 2026-12-07: also the wait rule at factor 4 and the fast loop) "
+        f"{_at(now['planner'], 1)} GPU-h, static {_split(shipped_run)} in the same session {_at(now['static'], 1)}: "
+        f"per GPU-h ×{_per_gpu_hour(now['planner'], now['static']):.2f} static. On the test load "
+        f"{test_run['workload']}, {_sla(test_run['sla'])}: planner {_at(test['planner'], 1)} GPU-h, static "
+        f"{_split(test_run)} {_at(test['static'], 1)}, per GPU-h "
+        f"×{_per_gpu_hour(test['planner'], test['static']):.2f}; "
         f"{sum(s['lost'] for s in scale_downs)} lost at these runs' {len(scale_downs)} scale-downs. Requests "
         f"unanswered: {unanswered}"
     )
-    sources = (SERVE_RUN, SERVE_QUIET, SERVE_DEFAULTS, SERVE_FAST)
+    sources = (SERVE_RUN, SERVE_QUIET, SERVE_DEFAULTS, SERVE_FAST, SERVE_SHIPPED, SERVE_TEST)
     targets = (
         Target(
             f"≥ {_pct(SERVE_ATTAINMENT, 0)} within SLO, the shipped defaults",
-            with_fast["planner"]["attainment"] >= SERVE_ATTAINMENT,
+            now["planner"]["attainment"] >= SERVE_ATTAINMENT,
         ),
         Target(
-            f"≥ {_pct(SERVE_ATTAINMENT, 0)} within SLO, with the fast loop",
-            with_fast["planner-fast"]["attainment"] >= SERVE_ATTAINMENT,
+            "per GPU-hour ≥ the static split's, the shipped defaults",
+            _per_gpu_hour(now["planner"], now["static"]) >= 1.0,
+        ),
+        Target(
+            f"≥ {_pct(SERVE_ATTAINMENT, 0)} within SLO on the test load",
+            test["planner"]["attainment"] >= SERVE_ATTAINMENT,
+        ),
+        Target(
+            "per GPU-hour ≥ the static split's on the test load", _per_gpu_hour(test["planner"], test["static"]) >= 1.0
         ),
     )
     return Row("SLA planner on the Ray Serve app, real time (simulated engines)", result, sources, targets)
@@ -174,7 +204,10 @@ def _dynamo_row() -> Row:
             not behind_per_gpu_hour,
         ),
     )
-    what = "SLA planner beside NVIDIA Dynamo 1.6.1's planner (cluster simulator, the train/test loads)"
+    what = (
+        "SLA planner beside NVIDIA Dynamo 1.6.1's planner (cluster simulator, the train/test loads; our planner "
+        "at the rules before 2026-12-07: the prefill rule kingman at factor 3, no fast loop)"
+    )
     return Row(what, result, tuple(sources), targets)
 
 

@@ -12,15 +12,15 @@
                time, overshoots at every turn of the load)
     propose    prefill = the largest of
                  predicted uncached prompt tokens/s / per-replica prefill capacity
-                   (a G/G/1 queue, Kingman: utilisation capped so the mean
-                   TTFT stays under the p99 target / queueing_factor, for
-                   the arrivals' burstiness ca^2: the prompt work's measured
-                   index of dispersion less the prompt lengths' cs^2, the
-                   mean over the last `peak_memory_intervals`, at least 1,
-                   the M/D/1 case); with `prefill_queueing: wait`, the
-                   service time plus queueing_factor x the mean wait
-                   under the p99 target (a prompt's own service time is no
-                   queue's)
+                   (a G/G/1 queue, Kingman, for the arrivals' burstiness
+                   ca^2: the prompt work's measured index of dispersion less
+                   the prompt lengths' cs^2, the mean over the last
+                   `peak_memory_intervals`, at least 1, the M/D/1 case;
+                   utilisation capped so that the prompt's service time plus
+                   queueing_factor x the mean wait stays under the p99
+                   target: a prompt's own service time is no queue's
+                   (`prefill_queueing: wait`, the default); `kingman`: the
+                   mean TTFT under the p99 target / queueing_factor)
                  predicted peak prompt tokens/s (the rate x the recent
                    peak-to-mean ratio over `peak_window_s`) / what a replica
                    computes flat out, stretched by the backlog a peak may

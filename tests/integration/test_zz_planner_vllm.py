@@ -93,6 +93,10 @@ def planner_config(model_dir) -> AppConfig:
         sla__ttft_p99_ms=ttft_target_ms(),
         sla__itl_p50_ms=ITL_MS,
         planner__mode="act",
+        # the prefill rule the loads are derived with (the module's docstring); the default is wait at factor 4,
+        # under which one replica holds the prefill step
+        planner__prefill_queueing="kingman",
+        planner__queueing_factor=3,
         planner__interval_s=INTERVAL_S,
         planner__scale_down_intervals=2,
         planner__profile=str(PROFILE),

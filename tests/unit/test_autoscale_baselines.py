@@ -45,7 +45,7 @@ def test_a_rerun_with_other_planner_settings_reuses_the_baselines_a_full_run_wou
     assert reusing["results"]["hindsight"] == then["results"]["hindsight"]
     assert reusing["results"]["hindsight"]["gpu_hours"] <= full["results"]["hindsight"]["gpu_hours"] + 1e-9
     record = reusing["baselines"]
-    assert record["from"] == str(earlier) and record["hindsight"].startswith("reused")
+    assert record["from"] == str(earlier) and record["hindsight"].startswith("reused")  # outside the repository
     assert record["checked"]["split"] == then["results"]["static"]["split"]
     assert set(record["static_ran"]) == set(full["results"]["static"]["tried"]) - set(
         then["results"]["static"]["tried"]

@@ -32,3 +32,22 @@ def test_the_window_holds_the_requests_in_flight_near_the_scale_down_and_counts_
     w = around(100.0, records, requests, window_s=30.0)
     assert (w["requests"], w["lost"]) == (2, 1)
     assert abs(w["ttft_p99_ms"] - 300.0) < 1e-6
+
+
+def test_each_interval_counts_the_requests_that_missed_each_slo_term():
+    import argparse
+
+    from benchmarks.autoscale_serve import summarize
+
+    args = argparse.Namespace(ttft_p99_ms=200.0, itl_p50_ms=30.0, minutes=1.0)
+    requests = [_spec(1.0), _spec(2.0), _spec(3.0), _spec(40.0)]
+    records = [
+        RequestRecord(ok=True, ttft_s=0.1, itl_s=[0.01, 0.02], e2e_s=1.0),  # within both
+        RequestRecord(ok=True, ttft_s=0.5, itl_s=[0.01, 0.02], e2e_s=1.0),  # a late first token
+        RequestRecord(ok=True, ttft_s=0.1, itl_s=[0.04, 0.05], e2e_s=1.0),  # slow gaps
+        RequestRecord(ok=False, error="reset"),  # unanswered: misses both
+    ]
+    run = summarize("planner", records, requests, [{"t": 0.0, "prefill_pool": 1, "decode_pool": 1}], args)
+    first, second = run["intervals"]
+    assert (first["attainment"], first["missed"]) == (1 / 3, {"ttft": 1, "itl": 1})
+    assert (second["attainment"], second["missed"]) == (0.0, {"ttft": 1, "itl": 1})

@@ -27,11 +27,14 @@ def _doc(workload: str, set_: str, planner_gpu_h: float) -> dict:
 
 
 def test_training_rows_come_first_with_the_planners_ratios():
-    lines = summary([_doc("bursty", "test", 0.6), _doc("azure", "training", 0.5)]).splitlines()
+    azure = _doc("azure", "training", 0.5)
+    azure["results"]["foresight"] = azure["results"]["planner"]
+    lines = summary([_doc("bursty", "test", 0.6), azure]).splitlines()
     assert lines[2].startswith("| azure (training) |") and lines[3].startswith("| bursty (test) |")
     cells = [c.strip() for c in lines[3].strip("|").split("|")]
     assert cells[-3:] == ["1.20×", "1.67×", "3.33×"]
-    assert "2P+1D: 99.00% / 1.000" in cells and "–" in cells  # a policy not run
+    assert "2P+1D: 99.00% / 1.000" in cells and "–" in cells  # foresight: run on azure only
+    assert "ray-tuned" not in lines[0]  # no document ran it: no column
 
 
 def test_a_sweep_of_the_planners_settings_gets_a_column_naming_each_runs():

@@ -49,12 +49,16 @@ def test_an_interval_in_which_no_request_finished_keeps_the_outputs_seen_before(
 
 
 def test_prompts_no_idle_replica_prefills_within_the_target_get_the_whole_pool():
-    # 3000 tokens take 300 ms of service against a 200 ms mean TTFT target: no count meets it, so the
-    # pool gets its maximum, interval after interval (the first interval's observation included).
+    # 7000 tokens take 700 ms of service against the 600 ms p99 target: no count meets it, so the pool gets
+    # its maximum, interval after interval (the first interval's observation included).
     p = planner()
     for _ in range(3):
-        d = p.step(Observation(interval_s=10, requests=20, mean_isl=3000, mean_osl=10, prefill_replicas=1))
+        d = p.step(Observation(interval_s=10, requests=20, mean_isl=7000, mean_osl=10, prefill_replicas=1))
         assert d.prefill == 20 and math.isinf(d.proposed_prefill)
+    # kingman holds the mean under the target / queueing_factor: 3000 tokens' 300 ms miss its 200 ms.
+    kingman = planner(prefill_queueing="kingman", queueing_factor=3.0)
+    d = kingman.step(Observation(interval_s=10, requests=20, mean_isl=3000, mean_osl=10, prefill_replicas=1))
+    assert d.prefill == 20 and math.isinf(d.proposed_prefill)
 
 
 def test_capacities_follow_the_formulas():
@@ -70,11 +74,12 @@ def test_capacities_follow_the_formulas():
 
 def test_replicas_are_sized_from_the_load_and_the_profile():
     p = planner()
-    # 20 req/s x 1000 tokens = 20k prompt tokens/s over 6667/replica -> 3; 20 x 200 = 4000 output tokens/s at
-    # context 1100 over 666.7/replica -> 6.
+    # Prefill (wait, factor 4): service s = 100 ms; s + 4 x the M/D/1 mean wait rho s / 2(1 - rho) <= 600 ms
+    # -> rho_max = 5/7, 7143 tokens/s a replica; 20 req/s x 1000 tokens = 20k prompt tokens/s -> 2.8 -> 3.
+    # Decode: 20 x 200 = 4000 output tokens/s at context 1100 over 666.7/replica -> 6.
     d = p.step(Observation(interval_s=10, requests=200, mean_isl=1000, mean_osl=200))
     assert (d.prefill, d.decode) == (3, 6)
-    assert d.proposed_prefill == pytest.approx(3.0) and d.proposed_decode == pytest.approx(6.0)
+    assert d.proposed_prefill == pytest.approx(2.8) and d.proposed_decode == pytest.approx(6.0)
 
 
 def test_decode_is_sized_to_a_share_of_its_batch():

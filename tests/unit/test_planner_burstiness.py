@@ -33,6 +33,7 @@ def planner(queueing: str = "kingman") -> SlaPlanner:
         prefill=PoolBounds(min_replicas=1, max_replicas=50),
         decode=PoolBounds(min_replicas=1, max_replicas=50),
         prefill_queueing=queueing,
+        queueing_factor=3.0,  # the factor the hand arithmetic below was done with
     )
     return SlaPlanner(config, SLA, PROFILE, kv_capacity_tokens=None)
 

@@ -38,7 +38,7 @@ def planner(acting: bool = True, max_replicas: int = 20, **cfg) -> SlaPlanner:
         decode=PoolBounds(min_replicas=1, max_replicas=max_replicas),
         decode_utilization=1.0,
         scale_down_intervals=3,
-        **cfg,
+        **{"prefill_queueing": "kingman", "queueing_factor": 3.0} | cfg,  # the rule of the hand arithmetic below
     )
     return SlaPlanner(config, SLA, PROFILE, kv_capacity_tokens=None, acting=acting)
 

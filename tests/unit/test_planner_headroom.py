@@ -32,7 +32,7 @@ def planner(predictor: str = "constant", **config_fields) -> SlaPlanner:
         decode_utilization=1.0,
         prefill=PoolBounds(min_replicas=1, max_replicas=20),
         decode=PoolBounds(min_replicas=1, max_replicas=20),
-        **config_fields,
+        **{"prefill_queueing": "kingman", "queueing_factor": 3.0} | config_fields,  # the rule of the arithmetic below
     )
     return SlaPlanner(config, SLA, PROFILE, kv_capacity_tokens=None, max_num_seqs=256)
 

@@ -19,6 +19,9 @@ def app_args(mode: str = "act", app_name: str = "a") -> dict:
             "mode": mode,
             "interval_s": 10,
             "predictor": "constant",
+            # the prefill rule the hand arithmetic below was done with (the default is wait, factor 4)
+            "prefill_queueing": "kingman",
+            "queueing_factor": 3,
             "prefill": {"max_replicas": 8},
             "decode": {"max_replicas": 8},
         },
