@@ -54,7 +54,6 @@ from tools.workloads import RequestSpec, bursty_prefill_requests, phase_requests
 
 APP = "autoscale"
 POOLS = ("prefill_pool", "decode_pool")
-# Ray Serve's defaults for `autoscaling_config` (ray.serve.config.AutoscalingConfig).
 # The planner policies: the planner settings each sets over the shipped config's.
 PLANNER_VARIANTS: dict[str, dict[str, Any]] = {
     "planner": {},
@@ -62,6 +61,7 @@ PLANNER_VARIANTS: dict[str, dict[str, Any]] = {
     "planner-slow": {"fast_interval_s": None},
     "planner-window30": {"scale_down_intervals": 3},
 }
+# Ray Serve's defaults for `autoscaling_config` (ray.serve.config.AutoscalingConfig).
 SERVE_DEFAULT_AUTOSCALING = {"target_ongoing_requests": 2, "upscale_delay_s": 30.0, "downscale_delay_s": 600.0}
 
 
