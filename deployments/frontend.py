@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 from typing import Any
@@ -10,6 +11,7 @@ from typing import Any
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
+from deployments.adapter_store import GcsAdapterStore
 from deployments.pool_client import ServePoolClient
 from deployments.process_priority import set_niceness
 from deployments.serve_status import serve_http_host
@@ -17,6 +19,7 @@ from orchestrator.api.app import AppHooks, Health, build_openai_app
 from orchestrator.api.exposure import exposure_problem
 from orchestrator.config import PRIMARY_GROUP, AppConfig, DataPlane
 from orchestrator.frontend import PoolGroup, build_frontend
+from orchestrator.lora.catalog import AdapterCatalog
 from orchestrator.metrics import DirectPathFallbacks
 from orchestrator.prompts import load_tokenizer
 from orchestrator.tracing import tracer_from_config
@@ -62,7 +65,10 @@ class Frontend:
         tokenizer = await asyncio.to_thread(load_tokenizer, app.model.tokenizer_source)
         # Tracing on (tracing.otlp_endpoint): spans exported over OTLP/HTTP by a BatchSpanProcessor.
         self.tracer = tracer_from_config(app.tracing)
-        self.parts = build_frontend(app, groups, tokenizer, tracer=self.tracer)
+        # Adapters loaded at run time: shared by this deploy's frontends (its data-plane secret names the deploy).
+        deploy_id = hashlib.sha256(bytes.fromhex(wire_secret)).hexdigest()[:16]
+        store = GcsAdapterStore(serve.get_replica_context().app_name, deploy_id)
+        self.parts = build_frontend(app, groups, tokenizer, tracer=self.tracer, adapter_store=store)
         self.parts.metrics.add_collector(fallbacks)
         # Secure by default: no key on a non-loopback address is a refusal to start, naming what to set.
         problem = exposure_problem(await serve_http_host(), app.frontend.auth)
@@ -73,6 +79,8 @@ class Frontend:
         # Handles build their routers on first use; until then a pool shows no replicas.
         self._background = [asyncio.create_task(pool.connect()) for pool in self.parts.pools().values()]
         self._background.append(asyncio.create_task(self.parts.kv_events.run()))
+        if self.parts.catalog is not None:
+            self._background.append(asyncio.create_task(_follow_adapters(self.parts.catalog)))
 
     def __serve_build_asgi_app__(self):
         hooks = AppHooks(
@@ -97,6 +105,16 @@ class Frontend:
             self.streams.close()
         if getattr(self, "tracer", None) is not None:
             self.tracer.shutdown()  # exports the spans still queued
+
+
+async def _follow_adapters(catalog: AdapterCatalog) -> None:
+    """Other frontends' loads and unloads reach this one within `catalog.refresh_s`."""
+    while True:
+        try:
+            await catalog.refresh()
+        except Exception:  # the GCS briefly unreachable: the last known set stands
+            log.warning("reading the LoRA adapter store failed", exc_info=True)
+        await asyncio.sleep(catalog.refresh_s)
 
 
 def _key_from_env(field: str, env: str | None) -> str | None:

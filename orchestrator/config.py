@@ -41,6 +41,49 @@ class ServingMode(str, enum.Enum):
     AGGREGATED = "aggregated"  # one pool does prefill and decode
 
 
+class LoraAdapterConfig(_Strict):
+    name: str = Field(min_length=1, description="What clients send as `model` to use the adapter.")
+    source: str = Field(
+        min_length=1,
+        description="The adapter in PEFT's format: a local directory (absolute, ~ or .; on every replica's node) "
+        "or a Hugging Face id, which each engine downloads on first use.",
+    )
+
+    @property
+    def resolved_source(self) -> str:
+        return resolve_source(self.source)
+
+
+class LoraConfig(_Strict):
+    """LoRA adapters of the base model, on every pool (vLLM's --enable-lora and its limits). Engines load an
+    adapter on the first request that names it; `POST /v1/load_lora_adapter` adds adapters at run time."""
+
+    max_loras: PositiveInt = Field(
+        default=1, description="Adapters one engine batch may mix (vLLM's max_loras): the replica's adapter slots."
+    )
+    max_lora_rank: PositiveInt = Field(
+        default=16, description="The largest rank an adapter may have (vLLM's max_lora_rank); larger ones are a 400."
+    )
+    max_cpu_loras: PositiveInt | None = Field(
+        default=None,
+        description="Adapters an engine keeps in host memory, least recently used evicted (vLLM's max_cpu_loras); "
+        "None: max_loras.",
+    )
+    adapters: list[LoraAdapterConfig] = Field(
+        default_factory=list, description="Adapters served from the start; never unloaded."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> LoraConfig:
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras})")
+        names = [a.name for a in self.adapters]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"adapter names must be unique; repeated: {repeated}")
+        return self
+
+
 class ModelConfig(_Strict):
     name: str = Field(description="Model name clients send in the OpenAI `model` field.")
     source: str = Field(description="Hugging Face repo id, or a local directory (absolute or ~).")
@@ -72,6 +115,15 @@ class ModelConfig(_Strict):
         "--reasoning-parser; one the frontend reads itself (orchestrator/api/reasoning_parsers.py) or any of "
         "the engine's own (vLLM's --reasoning-parser names; checked when the app is built).",
     )
+    lora: LoraConfig | None = Field(
+        default=None, description="LoRA adapters of this model; None: none (a request naming one gets a 404)."
+    )
+
+    @model_validator(mode="after")
+    def _check_adapter_names(self) -> ModelConfig:
+        if self.lora is not None and any(a.name == self.name for a in self.lora.adapters):
+            raise ValueError(f"an adapter cannot take the base model's name {self.name!r}")
+        return self
 
     @property
     def tokenizer_source(self) -> str:
@@ -228,6 +280,12 @@ class SimEngineConfig(_Strict):
         le=1,
         description="Share of each modelled GPU's memory for weights and KV cache: sizes the roofline's KV capacity "
         "when neither num_gpu_blocks nor profile is set.",
+    )
+    lora_load_s: float = Field(
+        default=0.05,
+        ge=0,
+        description="With model.lora: seconds an engine spends reading an adapter not in its host cache, added to "
+        "the step that first runs it (an 8B model's rank-16 adapter, ~80 MB, at ~2 GB/s; assumed, not measured).",
     )
     max_num_seqs: PositiveInt = Field(
         default=256,
@@ -572,6 +630,19 @@ class RoutingConfig(_Strict):
         ge=1.0,
         description="The balance guard's ratio: it acts only when the busiest decode replica also has more than this "
         "many times the idlest's requests; unused while balance_abs_threshold is None.",
+    )
+    lora_load_blocks: float = Field(
+        default=64.0,
+        ge=0,
+        description="With model.lora: the cost of a replica reading a request's adapter from its source (not in its "
+        "host cache), in blocks of prefill work: about an 8B model's rank-16 adapter (~80 MB) read at ~2 GB/s "
+        "against ~1 ms a prefill block on an H100. Chosen, not tuned.",
+    )
+    lora_slot_wait_blocks: float = Field(
+        default=1024.0,
+        ge=0,
+        description="With model.lora: the cost of a replica whose `max_loras` adapter slots all run other adapters "
+        "(the request waits for one to drain), in blocks of prefill work. Chosen, not tuned.",
     )
     local_prefill_max_tokens: int = Field(
         default=512,

@@ -27,6 +27,10 @@ from orchestrator.api.service import CompletionService, ModelCard
 from orchestrator.config import PRIMARY_GROUP, AppConfig
 from orchestrator.engines import publishes_kv_events, reasoning_parser, tool_call_parser
 from orchestrator.kv.subscriber import KVEventSubscriber
+from orchestrator.lora.adapter import LoraAdapter
+from orchestrator.lora.catalog import AdapterCatalog, EngineCheck
+from orchestrator.lora.probe import engine_probe
+from orchestrator.lora.store import AdapterStore, MemoryAdapterStore
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.pools import PoolClient, ReplicaView
 from orchestrator.prompts import PromptRenderer, Tokenizer
@@ -58,6 +62,7 @@ class FrontendParts:
     paths: Mapping[str, RequestPath]
     service: CompletionService
     kv_events: KVEventSubscriber
+    catalog: AdapterCatalog | None = None  # the model's LoRA adapters (model.lora); the shell keeps it fresh
 
     def pools(self) -> dict[str, PoolClient]:
         """Every pool of every group, by name."""
@@ -116,14 +121,19 @@ def build_frontend(
     wall_clock: Callable[[], float] = time.time,
     new_id: Callable[[], str] | None = None,
     tracer: Tracer = NOOP_TRACER,
+    adapter_store: AdapterStore | None = None,
+    adapter_check: EngineCheck | None = None,
 ) -> FrontendParts:
     """The frontend over `groups` (the primary group first); `tokenizer` renders prompts and output text.
+    With model.lora: `adapter_store` holds the adapters loaded at run time, shared by the app's frontends
+    (by default this process's alone), and `adapter_check` has an engine load each before it is served (by
+    default a replica of the primary group's decode pool, `engine_probe`).
     `created` (the model card's), `wall_clock` (responses' `created`) and `new_id` (response ids) are
     injected for tests; by default the current time and random ids. `tracer`: the requests' spans
     (`orchestrator.tracing.tracer_from_config(config.tracing)`); by default tracing is off."""
     if PRIMARY_GROUP not in groups:
         raise ValueError(f"the frontend needs the {PRIMARY_GROUP!r} pool group; got {sorted(groups)}")
-    routing = build_routing(config.routing, config.kv_cache.block_size, list(groups))
+    routing = build_routing(config.routing, config.kv_cache.block_size, list(groups), lora=config.model.lora)
     pools: dict[str, PoolClient] = {c.name: c for g in groups.values() for c in g.clients()}
 
     def pool_views() -> dict[str, list[ReplicaView]]:
@@ -140,6 +150,8 @@ def build_frontend(
     card = ModelCard(
         name=model.name, max_model_len=model.max_model_len, created=int(time.time()) if created is None else created
     )
+    check = adapter_check or engine_probe(groups[PRIMARY_GROUP].decode)
+    catalog = _catalog(config, adapter_store, check)
     frontend = config.frontend
     service = CompletionService(
         card,
@@ -155,10 +167,19 @@ def build_frontend(
         reasoning_parser=reasoning_parser(config, tokenizer),
         wall_clock=wall_clock,
         tracer=tracer,
+        catalog=catalog,
         **({"new_id": new_id} if new_id is not None else {}),
     )
     kv_events = KVEventSubscriber(list(pools.values()), routing.ingest, metrics, subscribe=publishes_kv_events(config))
-    return FrontendParts(config, dict(groups), routing, metrics, paths, service, kv_events)
+    return FrontendParts(config, dict(groups), routing, metrics, paths, service, kv_events, catalog)
+
+
+def _catalog(config: AppConfig, store: AdapterStore | None, check: EngineCheck | None) -> AdapterCatalog | None:
+    lora = config.model.lora
+    if lora is None:
+        return None
+    configured = [LoraAdapter(a.name, a.resolved_source) for a in lora.adapters]
+    return AdapterCatalog(config.model.name, configured, store or MemoryAdapterStore(), lora.max_lora_rank, check)
 
 
 def _request_path(

@@ -11,6 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from orchestrator.lora.adapter import LoraAdapter
+
 
 class FinishReason(str, enum.Enum):
     STOP = "stop"  # EOS, a stop string or a stop token
@@ -147,6 +149,9 @@ class EngineRequest:
     # The W3C `traceparent` of the frontend's span of this request, when tracing is on (orchestrator/tracing.py):
     # an engine that traces (vLLM with an OTLP endpoint) parents its spans under it. Kept by every transformation.
     trace_context: str | None = None
+    # The LoRA adapter the request runs with, on every engine that computes it (prefill and decode alike);
+    # None: the base model. Kept by every transformation, so no engine computes it with other weights.
+    lora: LoraAdapter | None = None
 
     def for_prefill(self, replica: str | None, samples_first_token: bool = False) -> EngineRequest:
         """The request sent to a prefill replica: the same prompt, one token, KV

@@ -9,12 +9,23 @@ import json
 import sys
 
 DEFAULT_TINY_MODEL_DIR = "~/.cache/orchestrator/tiny-llama"
+DEFAULT_TINY_LORA_DIR = "~/.cache/orchestrator/tiny-lora"
 
 
 def _make_tiny_model(args: argparse.Namespace) -> int:
     from orchestrator.tiny_model import make_tiny_model
 
     print(make_tiny_model(args.dir))
+    return 0
+
+
+def _make_tiny_lora(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from orchestrator.lora.tiny import make_tiny_lora
+
+    for i in range(args.count):
+        print(make_tiny_lora(args.model_dir, Path(args.dir).expanduser() / f"{args.prefix}{i}", seed=args.seed + i))
     return 0
 
 
@@ -76,6 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("make-tiny-model", help="write a tiny random Llama + tokenizer (no download)")
     p.add_argument("dir", nargs="?", default=DEFAULT_TINY_MODEL_DIR)
     p.set_defaults(func=_make_tiny_model)
+
+    p = sub.add_parser("make-tiny-lora", help="write PEFT LoRA adapters of the tiny model (no download)")
+    p.add_argument("dir", nargs="?", default=DEFAULT_TINY_LORA_DIR, help="adapters go to DIR/<prefix><i>")
+    p.add_argument("--model-dir", default=DEFAULT_TINY_MODEL_DIR)
+    p.add_argument("--count", type=int, default=2)
+    p.add_argument("--prefix", default="tiny-lora-")
+    p.add_argument("--seed", type=int, default=1, help="adapter i is seeded with seed + i")
+    p.set_defaults(func=_make_tiny_lora)
 
     p = sub.add_parser("check-config", help="validate a Serve config's application args and print them")
     p.add_argument("config")

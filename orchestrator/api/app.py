@@ -32,8 +32,8 @@ class AppHooks:
     max_request_bytes: int = 4 * 2**20
     # When set, /v1/* needs `Authorization: Bearer <api_key>`.
     api_key: str | None = None
-    # When set, /pools (the admin surface) needs `Authorization: Bearer <admin_key>`; unset with an api_key,
-    # /pools is refused to everyone; neither set (a loopback address), everything is open.
+    # When set, the admin surfaces (`ADMIN_PATHS`) need `Authorization: Bearer <admin_key>`; unset with an
+    # api_key, they are refused to everyone; neither set (a loopback address), everything is open.
     admin_key: str | None = None
 
 
@@ -61,16 +61,21 @@ def _authorized(request: Request, api_key: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
+# Admin surfaces: the admin key alone opens them (a user key does not).
+ADMIN_PATHS = ("/pools", "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+
+
 def _refusal(request: Request, hooks: AppHooks) -> APIError | None:
-    """Why `request` may not pass (user keys on /v1/*, the admin key on /pools), or None."""
+    """Why `request` may not pass (user keys on /v1/*, the admin key on `ADMIN_PATHS`), or None."""
     path = request.url.path
-    if path.startswith("/v1/") and hooks.api_key and not _authorized(request, hooks.api_key):
+    admin = path.startswith(ADMIN_PATHS)
+    if path.startswith("/v1/") and not admin and hooks.api_key and not _authorized(request, hooks.api_key):
         return APIError(401, "Incorrect or missing API key: send Authorization: Bearer <key>.", code="invalid_api_key")
-    if path.startswith("/pools"):
+    if admin:
         if hooks.admin_key is None:
             return APIError(
                 403,
-                "/pools is an admin surface: set frontend.auth.admin_key_env and send that key.",
+                f"{path} is an admin surface: set frontend.auth.admin_key_env and send that key.",
                 type="permission_error",
                 code="admin_key_required",
             )
@@ -121,7 +126,17 @@ def build_openai_app(service: CompletionService, hooks: AppHooks) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [service.model.to_dict()]})
+        return JSONResponse({"object": "list", "data": service.model_cards()})
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        body = await _read_body(request, hooks.max_request_bytes)
+        return Response(await service.lora_admin.load(body), media_type="text/plain")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        body = await _read_body(request, hooks.max_request_bytes)
+        return Response(await service.lora_admin.unload(body), media_type="text/plain")
 
     @app.get("/health")
     async def health() -> JSONResponse:

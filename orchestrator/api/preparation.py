@@ -31,6 +31,8 @@ from orchestrator.api.responses import Endpoint, ResponseHeader
 from orchestrator.api.tool_parsers import ToolCallParser
 from orchestrator.api.tools import template_tools, tool_mode
 from orchestrator.config import LimitsConfig
+from orchestrator.lora.adapter import LoraAdapter
+from orchestrator.lora.catalog import AdapterCatalog, AdapterNotFound
 from orchestrator.messages import EngineRequest, RepetitionDetection, SamplingSpec, StructuredOutput
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.prompts import ChatTemplateOptions, PromptRenderer
@@ -154,8 +156,10 @@ class RequestPreparer:
         new_id: Callable[[], str] = lambda: uuid.uuid4().hex,
         tool_parser: ToolCallParser | None = None,
         reasoning_parser: ReasoningParser | None = None,
+        catalog: AdapterCatalog | None = None,
     ) -> None:
         self.model = model
+        self.catalog = catalog  # the model's LoRA adapters; None: the base model alone
         self.renderer = renderer
         self.template_traits = TemplateTraits.of(renderer.template)  # how messages are given to the template
         self.metrics = metrics
@@ -184,8 +188,7 @@ class RequestPreparer:
             raise bad_request(unsupported[0].message, param=unsupported[0].param, code="unsupported")
         self._check_stops(req.stop or [])
         self._check_choices(req)
-        if req.model != self.model.name:
-            raise model_not_found(req.model)
+        lora = await self._adapter(req.model)
         logit_bias = self._logit_bias(req.logit_bias)
         structured, constraint_param = _constraint(req)
 
@@ -251,7 +254,7 @@ class RequestPreparer:
                 index = i * req.n + j
                 request_id = rid if len(prompts) * req.n == 1 else f"{rid}-{index}"
                 request = EngineRequest(
-                    request_id, prompt_ids, _for_choice(base, max_tokens, j), cache_salt=req.cache_salt
+                    request_id, prompt_ids, _for_choice(base, max_tokens, j), cache_salt=req.cache_salt, lora=lora
                 )
                 plans.append(ChoicePlan(index, request, i, j == 0, echo_text, first_token, prompt_only))
         prefix = "cmpl" if endpoint is Endpoint.COMPLETIONS else "chatcmpl"
@@ -260,7 +263,7 @@ class RequestPreparer:
         return PreparedRequest(
             endpoint=endpoint,
             header=ResponseHeader(
-                id=f"{prefix}-{req.request_id or rid}", created=int(self.wall_clock()), model=self.model.name
+                id=f"{prefix}-{req.request_id or rid}", created=int(self.wall_clock()), model=req.model
             ),
             choices=tuple(plans),
             prompts=tuple(prompts),
@@ -285,6 +288,17 @@ class RequestPreparer:
                 prompt_text=prompt_text,
             ),
         )
+
+    async def _adapter(self, model: str) -> LoraAdapter | None:
+        """The adapter `model` names (None: the base model); a 404 for a name not served."""
+        if self.catalog is None:
+            if model != self.model.name:
+                raise model_not_found(model)
+            return None
+        try:
+            return await self.catalog.lookup(model)
+        except AdapterNotFound:
+            raise model_not_found(model) from None
 
     async def _completion_prompts(self, req: CompletionRequest) -> list[tuple[int, ...]]:
         prompts = req.prompts()

@@ -9,6 +9,7 @@ from typing import Any
 from orchestrator.api.reasoning_parsers import ReasoningParser
 from orchestrator.api.responses import Endpoint, ResponseHeader
 from orchestrator.api.tools import ToolMode
+from orchestrator.lora.adapter import LoraAdapter
 from orchestrator.messages import EngineRequest
 
 
@@ -26,6 +27,10 @@ class ModelCard:
             "owned_by": "orchestrator",
             "max_model_len": self.max_model_len,
         }
+
+    def adapter_card(self, adapter: LoraAdapter) -> dict[str, Any]:
+        """A LoRA adapter of this model as vLLM lists it: `root` its source, `parent` this model."""
+        return {**self.to_dict(), "id": adapter.name, "root": adapter.source, "parent": self.name}
 
 
 @dataclass(frozen=True)

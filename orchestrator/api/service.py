@@ -27,6 +27,7 @@ from orchestrator.api.admission import AdmissionGate, Slot
 from orchestrator.api.choice_state import ChoiceState
 from orchestrator.api.errors import APIError, bad_request, server_error
 from orchestrator.api.fan_out import ChoiceFanOut
+from orchestrator.api.lora_admin import LoraAdmin
 from orchestrator.api.preparation import RequestPreparer
 from orchestrator.api.prepared import ModelCard, PreparedRequest
 from orchestrator.api.reasoning_parsers import ReasoningParser
@@ -34,6 +35,7 @@ from orchestrator.api.responses import Endpoint, chat_delta, chunk, role_chunk, 
 from orchestrator.api.tool_parsers import ToolCallParser
 from orchestrator.config import LimitsConfig
 from orchestrator.engines.base import EngineRequestRejected
+from orchestrator.lora.catalog import AdapterCatalog
 from orchestrator.metrics import FrontendMetrics
 from orchestrator.prompts import PromptRenderer
 from orchestrator.request_path import RequestPath
@@ -68,17 +70,25 @@ class CompletionService:
         tool_parser: ToolCallParser | None = None,
         reasoning_parser: ReasoningParser | None = None,
         tracer: Tracer = NOOP_TRACER,  # tracing off
+        catalog: AdapterCatalog | None = None,  # the model's LoRA adapters; None: none
     ) -> None:
         self.model = model
+        self.catalog = catalog
+        self.lora_admin = LoraAdmin(catalog)
         self.tracer = tracer
         self.metrics = metrics
         self.gate = gate or AdmissionGate(limit=1 << 30)
         self.retry_after_s = retry_after_s
         self.clock = clock
         self.preparer = RequestPreparer(
-            model, renderer, metrics, limits, clock, wall_clock, new_id, tool_parser, reasoning_parser
+            model, renderer, metrics, limits, clock, wall_clock, new_id, tool_parser, reasoning_parser, catalog
         )
         self.fan_out = ChoiceFanOut(path, metrics, clock, group_paths, shape_router)
+
+    def model_cards(self) -> list[dict[str, Any]]:
+        """/v1/models: the base model, then each adapter with it as parent."""
+        adapters = self.catalog.adapters() if self.catalog is not None else []
+        return [self.model.to_dict(), *(self.model.adapter_card(a) for a in adapters)]
 
     async def handle(
         self, endpoint: Endpoint, raw_body: bytes, traceparent: str | None = None

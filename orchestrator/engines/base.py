@@ -135,6 +135,10 @@ class EngineStats:
     decode_tokens_total: int = 0
     kv_transfers_total: int = 0
     kv_transfer_failures_total: int = 0
+    # LoRA adapters read from their source because the engine's host cache (max_cpu_loras, LRU) lacked them:
+    # counted by the simulated engine as it loads; for vLLM, replayed from the adapters its scheduler reports
+    # running each step through that same LRU (vLLM counts no loads itself).
+    lora_loads_total: int = 0
     kv_transfer_bytes_total: int = 0
     kv_transfer_seconds_total: float = 0.0
     # Connections the replica's data-plane server closed: a wrong, missing or late proof, past its connection

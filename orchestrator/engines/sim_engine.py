@@ -34,6 +34,7 @@ from orchestrator.messages import EngineChunk, EngineRequest, FinishReason, KVTr
 from orchestrator.placement import per_rank_placement
 from orchestrator.sim.core import Emitted, SimCore, SimRequest
 from orchestrator.sim.link import LINKS
+from orchestrator.sim.lora_slots import lora_spec
 from orchestrator.sim.perf_model import GPUS, MODELS, PerfModel, ProfileModel, roofline
 
 ENGINE_KIND = "sim"
@@ -126,6 +127,7 @@ class SimEngine:
             self._cfg.max_num_batched_tokens,
             self._kv_cache.enable_prefix_caching,
             vocab_size=self._tokenizer.get_vocab_size(),
+            lora=lora_spec(self._model.lora, self._cfg.lora_load_s),
         )
         events, replay = None, None
         if self._publish_kv_events:
@@ -218,6 +220,7 @@ class SimEngine:
             request.sampling.max_tokens,
             transfer_done_at=None if transfer_s is None else self._elapsed() + transfer_s,
             cache_salt=request.cache_salt,
+            lora_name=request.lora.name if request.lora else None,
         )
         stream = self._submit(sim)
         finished = False
@@ -246,6 +249,7 @@ class SimEngine:
             1,
             hold_for_transfer=True,
             cache_salt=request.cache_salt,
+            lora_name=request.lora.name if request.lora else None,
         )
         stream = self._submit(sim)
         try:
@@ -290,6 +294,7 @@ class SimEngine:
             prompt_tokens_transferred_total=core.prompt_tokens_transferred,
             generation_tokens_total=core.generation_tokens,
             requests_finished_total=core.finished,
+            lora_loads_total=core.loras.loads if core.loras is not None else 0,
             kv_transfers_total=self._transfers["count"],
             kv_transfer_bytes_total=self._transfers["bytes"],
             kv_transfer_seconds_total=self._transfers["seconds"],
@@ -322,4 +327,5 @@ ADAPTER = EngineAdapter(
     kv_event_decoder=decode_batch,
     placement=per_rank_placement,
     planner_inputs=planner_inputs,
+    serves_lora=True,  # no weights: an adapter's requests differ in their cache keys alone
 )

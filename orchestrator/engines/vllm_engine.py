@@ -19,10 +19,11 @@ import asyncio
 import dataclasses
 import os
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from typing import Any
 
-from orchestrator.config import Device, NetworkConfig, VllmEngineConfig
+from orchestrator.config import Device, LoraConfig, NetworkConfig, VllmEngineConfig
 from orchestrator.engines import vllm_reasoning_parsers, vllm_tool_parsers
 from orchestrator.engines.adapter import EngineAdapter, EngineParsers, EngineSpec, PlannerInputs
 from orchestrator.engines.base import (
@@ -40,6 +41,7 @@ from orchestrator.engines.vllm_plugin import (
     SHM_POLL_ENV,
     SHM_POLL_MAX_ENV,
 )
+from orchestrator.lora.adapter import LoraAdapter
 from orchestrator.messages import (
     EngineChunk,
     EngineRequest,
@@ -127,6 +129,10 @@ OWNED_ENGINE_ARGS = frozenset(
         "max_num_batched_tokens",
         "kv_cache_memory_bytes",
         "distributed_executor_backend",
+        "enable_lora",
+        "max_loras",
+        "max_lora_rank",
+        "max_cpu_loras",
     }
 )
 
@@ -142,6 +148,32 @@ def check_engine_args(engine: VllmEngineConfig) -> None:
     unknown = sorted(set(engine.engine_args) - known)
     if unknown:
         raise ValueError(f"engine.engine_args: vLLM's AsyncEngineArgs has no field(s) {unknown}")
+
+
+def _lora_args(lora: LoraConfig | None) -> dict[str, Any]:
+    if lora is None:
+        return {}
+    return {
+        "enable_lora": True,
+        "max_loras": lora.max_loras,
+        "max_lora_rank": lora.max_lora_rank,
+        "max_cpu_loras": lora.max_cpu_loras,
+    }
+
+
+def _lora_request(adapter: LoraAdapter | None) -> Any:
+    """vLLM's LoRARequest: the engine loads the adapter from its path on first use, keyed by its id."""
+    if adapter is None:
+        return None
+    from vllm.lora.request import LoRARequest
+
+    return LoRARequest(adapter.name, adapter.engine_id, adapter.source)
+
+
+def _load_error(e: BaseException) -> str:
+    """vLLM's reason, without its pointer to a worker's stack trace."""
+    message = str(e).removeprefix("Call to add_lora method failed: ")
+    return message.split(", please check the stack trace")[0]
 
 
 def _repetition_detection(spec: RepetitionDetection | None) -> Any:
@@ -217,12 +249,30 @@ def _position(token_id: int, candidates: Any) -> PositionLogprobs:
 class _StatsSink:
     """Folds vLLM's per-step scheduler and iteration stats into EngineStats counters."""
 
-    def __init__(self) -> None:
+    def __init__(self, lora_cache_size: int = 0) -> None:
         self.values: dict[str, Any] = EngineStats().to_dict()
+        # The engine's host cache of adapters as vLLM's LRU keeps it, replayed from each step's running adapters.
+        self._lora_cache: OrderedDict[str, None] = OrderedDict()
+        self._lora_cache_size = lora_cache_size
+
+    def _lora_running(self, running: dict[str, int]) -> None:
+        cache = self._lora_cache
+        for name, requests in running.items():
+            if not requests:
+                continue
+            if name in cache:
+                cache.move_to_end(name)
+                continue
+            cache[name] = None
+            self.values["lora_loads_total"] += 1
+            if len(cache) > self._lora_cache_size:
+                cache.popitem(last=False)
 
     def record(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         v = self.values
         if scheduler_stats is not None:
+            if scheduler_stats.running_lora_adapters:
+                self._lora_running(scheduler_stats.running_lora_adapters)
             v["num_running"] = scheduler_stats.num_running_reqs
             v["num_waiting"] = scheduler_stats.num_waiting_reqs
             v["kv_cache_usage"] = scheduler_stats.kv_cache_usage
@@ -274,9 +324,13 @@ class VllmEngine:
         self._host = spec.host
         self._network = spec.network
         self._publish_kv_events = spec.publish_kv_events
-        self._stats = _StatsSink()
+        lora = spec.model.lora
+        self._stats = _StatsSink((lora.max_cpu_loras or lora.max_loras) if lora is not None else 0)
         self._llm: Any = None
         self._info: EngineInfo | None = None
+        # Adapters this engine has loaded once (add_lora), by name: a request never reaches generate with an
+        # adapter the engine has not checked, since a failed load inside generate kills vLLM's engine core.
+        self._loras: dict[str, tuple[str, asyncio.Task]] = {}  # name -> (source, its add_lora)
 
     # -- life cycle -----------------------------------------------------------
 
@@ -311,6 +365,7 @@ class VllmEngine:
             "kv_cache_memory_bytes": cpu_kv_cache_bytes(cfg),
             # Tensor-parallel workers go into the replica's placement group (deployments/app.py).
             "distributed_executor_backend": "ray" if cfg.tensor_parallel_size > 1 else None,
+            **_lora_args(self._model.lora),
         }
         owned = {
             "model": self._model.weights_source,
@@ -434,6 +489,8 @@ class VllmEngine:
         # The frontend's trace context, where this engine exports traces (vLLM drops it, warning, where not).
         traced = request.trace_context is not None and self._engine_cfg.engine_args.get("otlp_traces_endpoint")
         extra = {"trace_headers": {"traceparent": request.trace_context}} if traced else {}
+        if request.lora is not None:
+            extra["lora_request"] = await self._checked_lora(request.lora)
         try:
             async for out in self._llm.generate(prompt, params, request.request_id, **extra):
                 yield out
@@ -441,6 +498,25 @@ class VllmEngine:
             raise EngineRequestRejected(str(e)) from e
         except Exception as e:  # engine death, generate errors
             raise EngineError(f"{type(e).__name__}: {e}") from e
+
+    async def _checked_lora(self, adapter: LoraAdapter) -> Any:
+        """The adapter's LoRARequest, once the engine has loaded it (`add_lora`, which fails cleanly: a bad
+        adapter is EngineRequestRejected, and the engine keeps serving). Concurrent first requests share one
+        load; a failed one is tried again by the next request."""
+        lora_request = _lora_request(adapter)
+        loading = self._loras.get(adapter.name)
+        if loading is None or loading[0] != adapter.source:  # a name reloaded from elsewhere is loaded again
+            loading = self._loras[adapter.name] = (
+                adapter.source,
+                asyncio.create_task(self._llm.add_lora(lora_request)),
+            )
+        try:
+            await asyncio.shield(loading[1])
+        except Exception as e:
+            if self._loras.get(adapter.name) is loading:
+                del self._loras[adapter.name]
+            raise EngineRequestRejected(f"LoRA adapter '{adapter.name}' cannot be loaded: {_load_error(e)}") from e
+        return lora_request
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         kv_params = request.kv_transfer.engine_params if request.kv_transfer else None
@@ -494,4 +570,5 @@ ADAPTER = EngineAdapter(
         reasoning_names=vllm_reasoning_parsers.names,
         reasoning_parser=vllm_reasoning_parsers.VllmReasoningParser,
     ),
+    serves_lora=True,
 )

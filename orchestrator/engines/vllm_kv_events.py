@@ -91,7 +91,9 @@ def _translate(event: Any) -> KVEvent | None:
         return None  # a KV group other than the first, or another storage tier
     if type(event) is _BlockStored:
         salt = _first_block_salt(event) if event.extra_keys else None
-        return BlockStored(event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size, salt)
+        return BlockStored(
+            event.block_hashes, event.parent_block_hash, event.token_ids, event.block_size, salt, event.lora_name
+        )
     return BlockRemoved(event.block_hashes)
 
 
@@ -140,11 +142,21 @@ def _wire(event: KVEvent) -> _Event:
             tuple(event.token_ids),
             event.block_size,
             DEVICE_MEDIUM,
-            extra_keys=[(event.cache_salt,)] + [None] * (len(event.engine_hashes) - 1) if event.cache_salt else None,
+            lora_name=event.lora_name,
+            extra_keys=_extra_keys(event),
         )
     if isinstance(event, BlockRemoved):
         return _BlockRemoved(tuple(event.engine_hashes), DEVICE_MEDIUM)
     return _AllBlocksCleared()
+
+
+def _extra_keys(event: BlockStored) -> list[tuple[Any, ...] | None] | None:
+    """vLLM's per-block extra keys: the adapter's name on every block, the salt on the prompt's first."""
+    lora = (event.lora_name,) if event.lora_name is not None else ()
+    salt = (event.cache_salt,) if event.cache_salt is not None and event.parent_engine_hash is None else ()
+    if not lora and not salt:
+        return None
+    return [(lora + salt) or None] + [lora or None] * (len(event.engine_hashes) - 1)
 
 
 def encode_batch(batch: KVEventBatch) -> tuple[bytes, bytes]:

@@ -16,13 +16,15 @@ EngineBlockHash = int | bytes
 class BlockStored:
     """Blocks the engine just cached, in prefix order. `parent_engine_hash` is
     the block before the first one (None: they start the prompt, hashed under
-    `cache_salt` when the prompt had one)."""
+    `cache_salt` when the prompt had one). `lora_name`: the adapter they were
+    computed with (None: the base model)."""
 
     engine_hashes: tuple[EngineBlockHash, ...]
     parent_engine_hash: EngineBlockHash | None
     token_ids: tuple[int, ...]
     block_size: int
     cache_salt: str | None = None
+    lora_name: str | None = None
 
 
 @dataclass(frozen=True)

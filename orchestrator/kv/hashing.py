@@ -18,7 +18,9 @@ A request's `cache_salt` (vLLM's extension) starts its chain at a root of
 its own, `prefix_root(salt)`: as in the engine, where the salt joins the
 first block's hash, equal tokens under different salts share no block. The
 root is a digest of the salt, the same in every process (str's `hash` is
-not); no salt is ROOT_HASH.
+not); no salt is ROOT_HASH. A request's LoRA adapter does the same (vLLM
+joins its name to every block's hash): the root of (salt, adapter), so an
+adapter's blocks are hits for that adapter's prompts alone.
 
 These hashes are ours, not the engine's: engines hash with a per-process
 seed and their own algorithm, but publish each stored block's token ids, so
@@ -36,15 +38,23 @@ from functools import lru_cache
 ROOT_HASH = 0x2545F4914F6CDD1D  # the empty prefix: parent of every unsalted prompt's first block
 
 
-def prefix_root(cache_salt: str | None) -> int:
-    """The parent of a prompt's first block: ROOT_HASH, or the salt's own root."""
-    return ROOT_HASH if cache_salt is None else _salted_root(cache_salt)
+def prefix_root(cache_salt: str | None, lora_name: str | None = None) -> int:
+    """The parent of a prompt's first block: ROOT_HASH, or the root of its salt and adapter."""
+    if cache_salt is None and lora_name is None:
+        return ROOT_HASH
+    return _namespaced_root(cache_salt, lora_name)
 
 
 @lru_cache(maxsize=4096)
-def _salted_root(cache_salt: str) -> int:
-    digest = hashlib.blake2b(cache_salt.encode(), digest_size=8, person=b"cache_salt").digest()
-    return hash((ROOT_HASH, int.from_bytes(digest, "big")))
+def _namespaced_root(cache_salt: str | None, lora_name: str | None) -> int:
+    root = ROOT_HASH
+    if cache_salt is not None:
+        digest = hashlib.blake2b(cache_salt.encode(), digest_size=8, person=b"cache_salt").digest()
+        root = hash((root, int.from_bytes(digest, "big")))
+    if lora_name is not None:
+        digest = hashlib.blake2b(lora_name.encode(), digest_size=8, person=b"lora_name").digest()
+        root = hash((root, int.from_bytes(digest, "big")))
+    return root
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int, parent: int = ROOT_HASH) -> list[int]:

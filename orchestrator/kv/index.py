@@ -138,7 +138,11 @@ class KVIndex:
             kind = type(event)
             if kind is BlockStored:
                 parent_engine = event.parent_engine_hash
-                parent = prefix_root(event.cache_salt) if parent_engine is None else engine_map.get(parent_engine)
+                parent = (
+                    prefix_root(event.cache_salt, event.lora_name)
+                    if parent_engine is None
+                    else engine_map.get(parent_engine)
+                )
                 if parent is None:
                     result.orphaned += len(event.engine_hashes)
                     continue

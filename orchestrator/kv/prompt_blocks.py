@@ -20,5 +20,9 @@ class PromptBlocks:
 
     @classmethod
     def of(cls, request: EngineRequest, block_size: int, index: KVIndex) -> PromptBlocks:
-        hashes = block_hashes(request.prompt_token_ids, block_size, prefix_root(request.cache_salt))
+        hashes = block_hashes(
+            request.prompt_token_ids,
+            block_size,
+            prefix_root(request.cache_salt, request.lora.name if request.lora else None),
+        )
         return cls(block_size, hashes, index.overlaps(hashes) if hashes else {})

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator.config import PRIMARY_GROUP, RoutingConfig, RoutingPolicy
+from orchestrator.config import PRIMARY_GROUP, LoraConfig, RoutingConfig, RoutingPolicy
 from orchestrator.kv.index import KVIndex
 from orchestrator.kv.ingest import KVEventIngest
 from orchestrator.routing.base import Scheduler
@@ -20,14 +20,20 @@ def make_scheduler(
     index: KVIndex,
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
+    lora: LoraConfig | None = None,
 ) -> Scheduler:
     if config.policy is RoutingPolicy.ROUND_ROBIN:
         from orchestrator.routing.round_robin import RoundRobinScheduler
 
         return RoundRobinScheduler()
+    from orchestrator.routing.adapter_slots import AdapterCosts
     from orchestrator.routing.kv_scheduler import KvAwareScheduler
 
-    return KvAwareScheduler(config, block_size, index, clock=clock, rng=rng)
+    costs = None
+    if lora is not None:
+        cache = lora.max_cpu_loras or lora.max_loras
+        costs = AdapterCosts(lora.max_loras, cache, config.lora_load_blocks, config.lora_slot_wait_blocks)
+    return KvAwareScheduler(config, block_size, index, clock=clock, rng=rng, adapter_costs=costs)
 
 
 @dataclass(frozen=True)
@@ -46,9 +52,11 @@ def build_routing(
     groups: Sequence[str] = (PRIMARY_GROUP,),
     clock: Callable[[], float] = time.monotonic,
     rng: random.Random | None = None,
+    lora: LoraConfig | None = None,
 ) -> RoutingParts:
+    """`lora`: the model's adapters (model.lora), whose slots the KV-aware schedulers weigh; None: none."""
     index = KVIndex()
-    schedulers = {group: make_scheduler(config, block_size, index, clock=clock, rng=rng) for group in groups}
+    schedulers = {group: make_scheduler(config, block_size, index, clock, rng, lora) for group in groups}
     shape_router = None
     if config.shape is not None:
         shape_router = ShapeRouter(config.shape, block_size, index, list(groups))

@@ -5,7 +5,7 @@ and decide per request whether to disaggregate.
     overlaps = index.overlaps(hashes)                  # leading blocks per replica
     if the decode replicas' request counts are imbalanced (SGLang's guard):
         candidates = the least busy decode replicas
-    decode   = cheapest candidate                      # overlap credit vs load
+    decode   = cheapest candidate                      # overlap credit vs load, + adapter cost (adapter_slots.py)
     if no prefill pool               -> aggregated on `decode`
     elif uncached on decode <= T     -> local prefill on `decode`   (conditional disaggregation)
     elif no prefill replica          -> local prefill
@@ -25,6 +25,7 @@ from orchestrator.kv.index import KVIndex
 from orchestrator.kv.prompt_blocks import PromptBlocks
 from orchestrator.messages import EngineRequest
 from orchestrator.pools import ReplicaView
+from orchestrator.routing.adapter_slots import AdapterCosts, AdapterSlots
 from orchestrator.routing.base import RouteDecision, RouteKind, RouteReason
 from orchestrator.routing.cost import pick, replica_cost
 from orchestrator.routing.load import InflightLoad
@@ -39,7 +40,9 @@ class KvAwareScheduler:
         index: KVIndex | None = None,
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
+        adapter_costs: AdapterCosts | None = None,
     ) -> None:
+        """`adapter_costs`: the engines' LoRA slots and what a missing adapter costs; None: no adapters."""
         self.config = config
         self.block_size = block_size
         self.index = index if index is not None else KVIndex()
@@ -47,6 +50,7 @@ class KvAwareScheduler:
         ttl = config.event_lag_ttl_s if config.kv_events else config.approximate_ttl_s
         self.memory = RouteMemory(self.index, ttl, clock)
         self.rng = rng or random.Random()
+        self.adapters = AdapterSlots(adapter_costs) if adapter_costs is not None else None
 
     # -- the decision -----------------------------------------------------------
 
@@ -62,8 +66,9 @@ class KvAwareScheduler:
             blocks = PromptBlocks.of(request, self.block_size, self.index)
         hashes, overlaps = blocks.hashes, blocks.overlaps
         candidates = self._balanced(decode_replicas)
-        decode = self._cheapest(candidates, hashes, overlaps)
-        decision = self._decide(request, hashes, overlaps, decode, prefill_replicas)
+        adapter = request.lora.name if request.lora is not None and self.adapters is not None else None
+        decode = self._cheapest(candidates, hashes, overlaps, adapter)
+        decision = self._decide(request, hashes, overlaps, decode, prefill_replicas, adapter)
         if candidates is not decode_replicas:
             decision = replace(decision, balanced=True)
         self._account(request, hashes, decision)
@@ -76,6 +81,7 @@ class KvAwareScheduler:
         overlaps: dict[str, int],
         decode: str | None,
         prefill_replicas: Sequence[ReplicaView] | None,
+        adapter: str | None,
     ) -> RouteDecision:
         decode_cached = self._cached_tokens(request, overlaps.get(decode, 0)) if decode else 0
         local = dict(decode_replica=decode, predicted_cached_tokens=decode_cached)
@@ -88,7 +94,7 @@ class KvAwareScheduler:
             return RouteDecision(RouteKind.LOCAL_PREFILL, reason=RouteReason.NO_PREFILL_REPLICA, **local)
         if self._prefill_saturated(prefill_replicas):
             return RouteDecision(RouteKind.LOCAL_PREFILL, reason=RouteReason.PREFILL_SATURATED, **local)
-        prefill = self._cheapest(prefill_replicas, hashes, overlaps, with_decode_load=False)
+        prefill = self._cheapest(prefill_replicas, hashes, overlaps, adapter, with_decode_load=False)
         return RouteDecision(
             RouteKind.REMOTE_PREFILL,
             decode_replica=decode,
@@ -138,13 +144,20 @@ class KvAwareScheduler:
         return own
 
     def _cheapest(
-        self, views: Sequence[ReplicaView], hashes: list[int], overlaps: dict[str, int], with_decode_load: bool = True
+        self,
+        views: Sequence[ReplicaView],
+        hashes: list[int],
+        overlaps: dict[str, int],
+        adapter: str | None,
+        with_decode_load: bool = True,
     ) -> str | None:
         """Decode load is the replica's with this request added: a replica
         already decoding this prompt's prefix adds only the rest."""
         if not views:
             return None
         weight, load = self.config.prefill_weight, self.load
+        # The adapter's cost on each replica: `other` on those not in `named` (adapter_slots.py).
+        other, named = self.adapters.costs_of(adapter) if adapter is not None else (0.0, {})
         costs = [
             (
                 v.replica_id,
@@ -154,7 +167,8 @@ class KvAwareScheduler:
                     load.prefill_blocks(v.replica_id),
                     self.decode_load(v) + load.added_decode_blocks(v.replica_id, hashes) if with_decode_load else 0.0,
                     weight,
-                ),
+                )
+                + (named.get(v.replica_id, other) if adapter is not None else 0.0),
             )
             for v in views
         ]
@@ -169,9 +183,23 @@ class KvAwareScheduler:
         self.load.routed(request.request_id, prefiller, uncached_blocks, decision.decode_replica, hashes)
         for replica in {decision.decode_replica, prefiller} - {None}:
             self.memory.remember(replica, hashes)
+        if self.adapters is not None and request.lora is not None:
+            name, rid = request.lora.name, request.request_id
+            self.adapters.routed((rid, DECODE), name, decision.decode_replica)
+            if decision.remote_prefill:
+                self.adapters.routed((rid, PREFILL), name, decision.prefill_replica)
 
     def on_prefill_done(self, request_id: str) -> None:
         self.load.prefilled(request_id)
+        if self.adapters is not None:
+            self.adapters.finished((request_id, PREFILL))
 
     def on_request_finished(self, request_id: str) -> None:
         self.load.finished(request_id)
+        if self.adapters is not None:
+            self.adapters.finished((request_id, PREFILL))
+            self.adapters.finished((request_id, DECODE))
+
+
+# The stages of a request an adapter runs in, as AdapterSlots keys them.
+PREFILL, DECODE = "prefill", "decode"

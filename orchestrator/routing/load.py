@@ -95,9 +95,9 @@ class InflightLoad:
         decode load: those not already held by its decoding requests, plus
         one for its output."""
         active = self._active.get(replica)
-        if not active:
+        if not active or not hashes or hashes[0] not in active:  # chained: no first block, none held
             return len(hashes) + 1
-        lo, hi = 0, len(hashes)  # hashes[:lo] are held; hashes[hi:] are not
+        lo, hi = 1, len(hashes)  # hashes[:lo] are held; hashes[hi:] are not
         while lo < hi:
             mid = (lo + hi) // 2
             if hashes[mid] in active:

