@@ -28,7 +28,7 @@ class Target:
     def body(self, spec: RequestSpec) -> dict:
         prompt = list(spec.prompt_token_ids) if self.detokenize is None else self.detokenize(spec.prompt_token_ids)
         return {
-            "model": self.model,
+            "model": spec.model or self.model,
             "prompt": prompt,
             "max_tokens": spec.max_tokens,
             "temperature": self.temperature,

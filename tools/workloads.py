@@ -73,6 +73,7 @@ class RequestSpec:
     prompt_token_ids: tuple[int, ...]
     max_tokens: int
     arrival_s: float | None = None  # trace replay: when to send, from the start
+    model: str | None = None  # the `model` to name (a LoRA adapter); None: the target's
 
 
 @dataclass(frozen=True)
