@@ -26,7 +26,6 @@ import asyncio
 import json
 import os
 import random
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -159,14 +158,7 @@ def _summary(rounds: list[dict]) -> dict:
         return rounds[-1] | {"rounds": rounds}
 
     def median(*keys: str) -> float | None:
-        values = []
-        for r in ok:
-            v = r
-            for k in keys:
-                v = v.get(k) if isinstance(v, dict) else None
-            if v is not None:
-                values.append(v)
-        return float(statistics.median(values)) if values else None
+        return report.median_over(ok, *keys)
 
     out: dict = {"rounds": rounds}
     for metric in ("ttft_ms", "itl_ms"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ __all__ = [
     "hit_rate",
     "latency_cells",
     "machine",
+    "median_over",
     "percent",
     "pyplot",
     "save_figure",
@@ -65,6 +67,18 @@ def write(
     if text is not None and echo:
         print(text)
     return text
+
+
+def median_over(runs: list[dict], *keys: str) -> float | None:
+    """The median of `runs[i][keys[0]][keys[1]]...` over the runs that have it; None where none does."""
+    values = []
+    for r in runs:
+        v = r
+        for k in keys:
+            v = v.get(k) if isinstance(v, dict) else None
+        if v is not None:
+            values.append(v)
+    return float(statistics.median(values)) if values else None
 
 
 def percent(x: float | None, signed: bool = False) -> str:

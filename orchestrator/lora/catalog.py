@@ -10,6 +10,7 @@ the store is otherwise read every `refresh_s`, so an unload reaches every fronte
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -94,7 +95,7 @@ class AdapterCatalog:
         clash = next((a for a in self.adapters() if a.engine_id == adapter.engine_id), None)
         if clash is not None:
             raise AdapterConflict(f"The lora adapter '{adapter.name}' collides with '{clash.name}'; rename it.")
-        problem = adapter_problem(adapter, self.max_lora_rank)
+        problem = await asyncio.to_thread(adapter_problem, adapter, self.max_lora_rank)  # reads its files
         if problem is not None:
             raise AdapterInvalid(problem)
         if self.engine_check is not None:

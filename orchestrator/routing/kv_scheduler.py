@@ -155,23 +155,16 @@ class KvAwareScheduler:
         already decoding this prompt's prefix adds only the rest."""
         if not views:
             return None
-        weight, load = self.config.prefill_weight, self.load
+        weight, n = self.config.prefill_weight, len(hashes)
+        queued, decode_load, added = self.load.prefill_blocks, self.decode_load, self.load.added_decode_blocks
         # The adapter's cost on each replica: `other` on those not in `named` (adapter_slots.py).
         other, named = self.adapters.costs_of(adapter) if adapter is not None else (0.0, {})
-        costs = [
-            (
-                v.replica_id,
-                replica_cost(
-                    len(hashes),
-                    overlaps.get(v.replica_id, 0),
-                    load.prefill_blocks(v.replica_id),
-                    self.decode_load(v) + load.added_decode_blocks(v.replica_id, hashes) if with_decode_load else 0.0,
-                    weight,
-                )
-                + (named.get(v.replica_id, other) if adapter is not None else 0.0),
-            )
-            for v in views
-        ]
+        costs = []
+        for v in views:
+            rid = v.replica_id
+            decode = decode_load(v) + added(rid, hashes) if with_decode_load else 0.0
+            cost = replica_cost(n, overlaps.get(rid, 0), queued(rid), decode, weight)
+            costs.append((rid, cost + named.get(rid, other) if adapter is not None else cost))
         return pick(costs, self.config.temperature, self.rng)
 
     # -- bookkeeping -----------------------------------------------------------------

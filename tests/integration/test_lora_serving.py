@@ -111,3 +111,22 @@ def test_a_broken_adapter_is_a_400_and_every_engine_keeps_serving(apps, tiny_lor
     _, route = routed(apps, "disagg", lambda: complete(apps, "disagg", "tiny-lora-0", prompt))
     assert route == "remote_prefill"
     assert apps.http.get(apps.url("disagg", "/health")).status_code == 200
+
+
+def test_a_load_and_an_unload_reach_every_frontend_of_the_app(apps, tiny_loras):
+    """/sim has two frontends behind HAProxy: an adapter loaded through one is served by both (Ray's GCS holds
+    the set), and once unloaded through one, both refuse it within their refresh period."""
+    body = {"lora_name": "shared", "lora_path": str(tiny_loras[1])}
+    assert apps.post("sim", "/v1/load_lora_adapter", body).status_code == 200
+    ask = {"model": "shared", "prompt": text_prompt(40, seed=34), "max_tokens": 2}
+    served = [apps.post("sim", "/v1/completions", ask) for _ in range(12)]
+    assert [r.status_code for r in served] == [200] * 12
+    frontends = {apps.http.get(apps.url("sim", "/pools")).json()["frontend_replica"] for _ in range(12)}
+    assert len(frontends) == 2, "HAProxy spread the calls over both frontends"
+
+    assert apps.post("sim", "/v1/unload_lora_adapter", {"lora_name": "shared"}).status_code == 200
+
+    def refused_everywhere():
+        return all(apps.post("sim", "/v1/completions", ask).status_code == 404 for _ in range(8))
+
+    apps.wait_until(refused_everywhere, 10, "every frontend to refuse the unloaded adapter")

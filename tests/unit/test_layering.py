@@ -17,13 +17,15 @@ PACKAGES = ("orchestrator", "deployments", "tools", "benchmarks")
 # Engine library -> the only files that may import it.
 ENGINE_LIB_USERS = {
     # vllm_plugin.py is the vLLM adapter's half that vLLM loads into its own engine processes;
-    # scheduler_cost.py times vLLM's own KV event classes against our decoder.
+    # scheduler_cost.py times vLLM's own KV event classes against our decoder; lora_costs.py times vLLM's
+    # engine itself (a prompt block, an adapter's first use), the costs the LoRA routing weighs.
     "vllm": {
         "orchestrator/engines/vllm_engine.py",
         "orchestrator/engines/vllm_plugin.py",
         "orchestrator/engines/vllm_tool_parsers.py",
         "orchestrator/engines/vllm_reasoning_parsers.py",
         "benchmarks/scheduler_cost.py",
+        "benchmarks/lora_costs.py",
     },
     "sglang": {"orchestrator/engines/sglang_engine.py"},
     # tiny_model.py writes the tiny test model's weights (torch + transformers); it runs no engine.
