@@ -83,10 +83,6 @@ def check_app(app: AppConfig) -> None:
         check_engine_config(pool)
     for group, pools in app.group_pools().items():
         _check_kv_handoff(group, pools)
-    if app.model.lora is not None:
-        for name, pool in app.all_pools().items():
-            if not engine_adapter(pool.engine.kind).serves_lora:
-                raise ValueError(f"model.lora: {name} is kind {pool.engine.kind}, which serves no LoRA adapters here")
     if app.planner.mode is not PlannerMode.OFF:
         engine = app.decode_pool.engine
         if app.planner.profile is None and engine_adapter(engine.kind).planner_inputs(engine).own_performance is None:

@@ -98,8 +98,6 @@ class EngineAdapter:
     kv_handoff: KVHandoff = KVHandoff.AFTER_PREFILL
     # The engine's own tool-call and reasoning formats; None: only the frontend's own.
     parsers: EngineParsers | None = None
-    # Runs a request with the LoRA adapter it names (`EngineRequest.lora`); False: model.lora is refused.
-    serves_lora: bool = False
 
 
 def no_config_check(engine: EngineSettings) -> None:

@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from orchestrator.engines.adapter import EngineAdapter, EngineSpec
+from orchestrator.engines.adapter_loads import AdapterLoads
 from orchestrator.engines.base import (
     EngineError,
     EngineInfo,
@@ -61,6 +62,7 @@ from orchestrator.engines.sglang_server_args import (
     process_env,
     server_args_kwargs,
 )
+from orchestrator.lora.adapter import LoraAdapter
 from orchestrator.messages import (
     EngineChunk,
     EngineRequest,
@@ -92,6 +94,8 @@ class SglangEngine:
         self._engine: Any = None
         self._info: EngineInfo | None = None
         self._bootstrap_reservation: PortReservation | None = None
+        # Each adapter loaded once (SGLang's async_load_lora_adapter) before a request names it.
+        self._adapters = AdapterLoads(self._load_adapter, str)
 
     # -- life cycle -----------------------------------------------------------
 
@@ -140,6 +144,12 @@ class SglangEngine:
 
     # -- requests -------------------------------------------------------------
 
+    async def _load_adapter(self, adapter: LoraAdapter) -> None:
+        """SGLang's dynamic load; its refusal (`success` false) raised with its own message."""
+        result = await self._engine.async_load_lora_adapter(adapter.name, adapter.source)
+        if not getattr(result, "success", False):
+            raise EngineRequestRejected(getattr(result, "error_message", None) or "SGLang refused the adapter")
+
     def _abort(self, rid: str) -> None:
         if self._engine is not None:
             self._engine.tokenizer_manager.abort_request(rid=rid)
@@ -164,6 +174,8 @@ class SglangEngine:
             )
         if request.sampling.repetition_detection is not None or request.sampling.extra_args:
             raise EngineRequestRejected("repetition_detection and vllm_xargs are vLLM's; not wired to SGLang")
+        if request.lora is not None:
+            await self._adapters.ensure(request.lora)
         rid = f"{request.request_id}-{uuid.uuid4().hex[:8]}"
         done = False
         self._stats.started()

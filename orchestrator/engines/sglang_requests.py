@@ -1,5 +1,5 @@
 """SGLang's `generate` arguments from an EngineRequest: sampling parameters, structured output, the
-KV rendezvous of a disaggregated request."""
+KV rendezvous of a disaggregated request, the LoRA adapter."""
 
 from __future__ import annotations
 
@@ -105,5 +105,7 @@ def generate_kwargs(request: EngineRequest, rid: str, stream: bool) -> dict[str,
         "rid": rid,
         **logprob_kwargs(request.sampling),
         **({"cache_salt": request.cache_salt} if request.cache_salt is not None else {}),
+        # SGLang names a loaded adapter by its name here (`lora_path`), resolved to its id by its registry.
+        **({"lora_path": request.lora.name} if request.lora is not None else {}),
         **rendezvous_params(request),
     }

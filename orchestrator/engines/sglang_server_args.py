@@ -11,7 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.config import NetworkConfig, SglangEngineConfig
+from orchestrator.config import LoraConfig, NetworkConfig, SglangEngineConfig
 from orchestrator.engines.adapter import EngineSpec, PlannerInputs
 from orchestrator.engines.base import (
     EngineRole,
@@ -97,7 +97,22 @@ def server_args_kwargs(spec: EngineSpec, ports: EnginePorts) -> dict[str, Any]:
         "chunked_prefill_size": engine.chunked_prefill_size,
     }
     kwargs |= {k: v for k, v in optional.items() if v is not None}
+    if model.lora is not None:
+        kwargs |= lora_kwargs(model.lora)
     return kwargs | dict(engine.server_args)
+
+
+def lora_kwargs(lora: LoraConfig) -> dict[str, Any]:
+    """SGLang's adapter limits from model.lora. Adapters are loaded at run time (each engine on its first
+    request with one, `async_load_lora_adapter`), so every supported module is a target, as SGLang requires
+    without `lora_paths`. Its batch limit counts base-model requests as one adapter more."""
+    return {
+        "enable_lora": True,
+        "max_loras_per_batch": lora.max_loras + 1,
+        "max_lora_rank": lora.max_lora_rank,
+        "lora_target_modules": ["all"],
+        "max_loaded_loras": (lora.max_cpu_loras or lora.max_loras) + 1,
+    }
 
 
 def process_env(engine: SglangEngineConfig, network: NetworkConfig) -> dict[str, str]:
@@ -137,6 +152,11 @@ OWNED_SERVER_ARGS = frozenset(
         "max_running_requests",
         "chunked_prefill_size",
         "skip_tokenizer_init",
+        "enable_lora",
+        "max_loras_per_batch",
+        "max_lora_rank",
+        "lora_target_modules",
+        "max_loaded_loras",
     }
 )
 

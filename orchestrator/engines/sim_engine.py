@@ -327,5 +327,4 @@ ADAPTER = EngineAdapter(
     kv_event_decoder=decode_batch,
     placement=per_rank_placement,
     planner_inputs=planner_inputs,
-    serves_lora=True,  # no weights: an adapter's requests differ in their cache keys alone
 )

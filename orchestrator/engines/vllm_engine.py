@@ -26,6 +26,7 @@ from typing import Any
 from orchestrator.config import Device, LoraConfig, NetworkConfig, VllmEngineConfig
 from orchestrator.engines import vllm_reasoning_parsers, vllm_tool_parsers
 from orchestrator.engines.adapter import EngineAdapter, EngineParsers, EngineSpec, PlannerInputs
+from orchestrator.engines.adapter_loads import AdapterLoads
 from orchestrator.engines.base import (
     EngineError,
     EngineInfo,
@@ -328,9 +329,8 @@ class VllmEngine:
         self._stats = _StatsSink((lora.max_cpu_loras or lora.max_loras) if lora is not None else 0)
         self._llm: Any = None
         self._info: EngineInfo | None = None
-        # Adapters this engine has loaded once (add_lora), by name: a request never reaches generate with an
-        # adapter the engine has not checked, since a failed load inside generate kills vLLM's engine core.
-        self._loras: dict[str, tuple[str, asyncio.Task]] = {}  # name -> (source, its add_lora)
+        # Each adapter loaded once (add_lora, which fails cleanly) before a request with it reaches generate.
+        self._adapters = AdapterLoads(lambda a: self._llm.add_lora(_lora_request(a)), _load_error)
 
     # -- life cycle -----------------------------------------------------------
 
@@ -490,7 +490,8 @@ class VllmEngine:
         traced = request.trace_context is not None and self._engine_cfg.engine_args.get("otlp_traces_endpoint")
         extra = {"trace_headers": {"traceparent": request.trace_context}} if traced else {}
         if request.lora is not None:
-            extra["lora_request"] = await self._checked_lora(request.lora)
+            await self._adapters.ensure(request.lora)
+            extra["lora_request"] = _lora_request(request.lora)
         try:
             async for out in self._llm.generate(prompt, params, request.request_id, **extra):
                 yield out
@@ -498,25 +499,6 @@ class VllmEngine:
             raise EngineRequestRejected(str(e)) from e
         except Exception as e:  # engine death, generate errors
             raise EngineError(f"{type(e).__name__}: {e}") from e
-
-    async def _checked_lora(self, adapter: LoraAdapter) -> Any:
-        """The adapter's LoRARequest, once the engine has loaded it (`add_lora`, which fails cleanly: a bad
-        adapter is EngineRequestRejected, and the engine keeps serving). Concurrent first requests share one
-        load; a failed one is tried again by the next request."""
-        lora_request = _lora_request(adapter)
-        loading = self._loras.get(adapter.name)
-        if loading is None or loading[0] != adapter.source:  # a name reloaded from elsewhere is loaded again
-            loading = self._loras[adapter.name] = (
-                adapter.source,
-                asyncio.create_task(self._llm.add_lora(lora_request)),
-            )
-        try:
-            await asyncio.shield(loading[1])
-        except Exception as e:
-            if self._loras.get(adapter.name) is loading:
-                del self._loras[adapter.name]
-            raise EngineRequestRejected(f"LoRA adapter '{adapter.name}' cannot be loaded: {_load_error(e)}") from e
-        return lora_request
 
     async def generate(self, request: EngineRequest) -> AsyncIterator[EngineChunk]:
         kv_params = request.kv_transfer.engine_params if request.kv_transfer else None
@@ -570,5 +552,4 @@ ADAPTER = EngineAdapter(
         reasoning_names=vllm_reasoning_parsers.names,
         reasoning_parser=vllm_reasoning_parsers.VllmReasoningParser,
     ),
-    serves_lora=True,
 )

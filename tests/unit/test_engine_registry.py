@@ -19,9 +19,7 @@ from tests.factories import aggregated_config
 KINDS = sorted(ADAPTER_MODULES)
 MODEL = ModelConfig(name="m", source="org/m", max_model_len=4096)
 # Every field but the kind and the optional ones (kv_handoff has a default; parsers: vLLM's only).
-CAPABILITIES = [
-    f.name for f in dataclasses.fields(EngineAdapter) if f.name not in ("kind", "kv_handoff", "parsers", "serves_lora")
-]
+CAPABILITIES = [f.name for f in dataclasses.fields(EngineAdapter) if f.name not in ("kind", "kv_handoff", "parsers")]
 ENGINE_METHODS = ("start", "generate", "prefill", "stats", "check_health", "shutdown")
 
 
@@ -53,7 +51,6 @@ def test_each_adapter_provides_every_capability(kind):
     assert all(callable(getattr(adapter, name)) for name in CAPABILITIES)
     assert isinstance(adapter.kv_handoff, KVHandoff)
     assert (adapter.parsers is not None) == (kind == "vllm")  # vLLM's own registries of output formats
-    assert adapter.serves_lora == (kind in ("vllm", "sim"))
     engine = adapter.create(EngineSpec(MODEL, KVCacheConfig(), settings, EngineRole.AGGREGATED, "127.0.0.1"))
     assert all(callable(getattr(engine, name)) for name in ENGINE_METHODS)
     env = adapter.process_env(settings, NetworkConfig(kv_handshake_timeout_s=30))

@@ -14,7 +14,6 @@ import vllm.distributed.kv_events as kv_events
 
 from orchestrator.api.app import AppHooks, build_openai_app
 from orchestrator.config import PRIMARY_GROUP, AppConfig
-from orchestrator.engines import check_app
 from orchestrator.engines.base import EngineRequestRejected
 from orchestrator.engines.vllm_kv_events import decode_batch, encode_batch
 from orchestrator.frontend import PoolGroup, build_frontend
@@ -334,14 +333,3 @@ def test_the_lora_config_names_what_is_wrong(lora, model_name, problem):
                 "decode_pool": {"engine": {"kind": "sim"}},
             }
         )
-
-
-def test_lora_on_an_engine_that_serves_no_adapters_is_refused_at_build_time():
-    config = AppConfig.model_validate(
-        {
-            "model": {"name": "m", "source": "org/m", "max_model_len": 64, "lora": {}},
-            "decode_pool": {"engine": {"kind": "sglang"}},
-        }
-    )
-    with pytest.raises(ValueError, match="model.lora: decode_pool is kind sglang, which serves no LoRA adapters"):
-        check_app(config)

@@ -24,6 +24,7 @@ import pytest
 
 from orchestrator.config import (
     KVCacheConfig,
+    LoraConfig,
     ModelConfig,
     NetworkConfig,
     PoolConfig,
@@ -68,6 +69,7 @@ from orchestrator.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from orchestrator.kv.hashing import block_hashes, prefix_root
 from orchestrator.kv.index import KVIndex
 from orchestrator.kv.ingest import Action, KVEventIngest, ResyncReason
+from orchestrator.lora.adapter import LoraAdapter
 from orchestrator.messages import (
     EngineChunk,
     EngineRequest,
@@ -123,6 +125,18 @@ SERVER_ARGS = {
             NetworkConfig(),
         ),
         EnginePorts(server=31002),
+    ),
+    # model.lora: SGLang's adapter limits, adapters loaded at run time.
+    "lora": server_args_kwargs(
+        EngineSpec(
+            MODEL.model_copy(update={"lora": LoraConfig(max_loras=2, max_lora_rank=16, max_cpu_loras=4)}),
+            KV,
+            SglangEngineConfig(kind="sglang"),
+            EngineRole.AGGREGATED,
+            "10.0.0.8",
+            NetworkConfig(),
+        ),
+        EnginePorts(server=31003),
     ),
 }
 TAG = '{"type": "structural_tag", "format": {"type": "const_string", "value": "hi"}}'
@@ -260,6 +274,29 @@ def test_server_args_fields_are_the_installed_sglangs(sglang_code):
         check_server_args(
             SglangEngineConfig(kind="sglang", server_args={"stream_output": True, "cuda_graph_max_bs": 8}), real
         )
+
+
+def test_lora_on_sglang_loads_each_adapter_once_and_names_it_per_request(sglang_code):
+    """SGLang's own code: ServerArgs takes the adapter limits; `async_load_lora_adapter(lora_name, lora_path)`
+    loads one at run time and `lora_path` names it in a request. The engine loads an adapter once, before its
+    first request; a refusal is the request's 400 and the next request tries again."""
+    lora = SERVER_ARGS["lora"]
+    assert (lora["enable_lora"], lora["max_loras_per_batch"], lora["max_lora_rank"]) == (True, 3, 16)
+    assert lora["lora_target_modules"] == ["all"] and lora["max_loaded_loras"] == 5
+    assert {"lora_name", "lora_path"} <= set(sglang_code["async_load_lora_adapter"])
+    assert "lora_path" in sglang_code["async_generate"]
+
+    fake = FakeSglang(OUTPUTS["cumulative_stream"], refuse={"broken"})
+    engine = _engine(EngineRole.AGGREGATED, fake)
+    adapter = LoraAdapter("sql", "/loras/sql")
+    for _ in range(2):
+        _collect(engine, replace(_request(), lora=adapter))
+    assert fake.loads == [("sql", "/loras/sql")]
+    assert [c.get("lora_path") for c in fake.calls] == ["sql", "sql"]
+    for _ in range(2):
+        with pytest.raises(EngineRequestRejected, match="LoRA adapter 'broken' cannot be loaded: .*bad weights"):
+            _collect(engine, replace(_request(), lora=LoraAdapter("broken", "/loras/broken")))
+    assert fake.loads[1:] == [("broken", "/loras/broken")] * 2 and len(fake.calls) == 2
 
 
 def test_a_prefill_engine_needs_a_bootstrap_port():
@@ -1031,15 +1068,32 @@ class FakeTokenizerManager:
         self.aborted.append(rid)
 
 
+@dataclass
+class LoadResult:
+    """SGLang's LoadLoRAAdapterReqOutput, the fields the adapter reads."""
+
+    success: bool
+    error_message: str | None = None
+
+
 class FakeSglang:
     """`async_generate(**kwargs)`: with stream=True an async iterator of
-    output dicts, else one dict (sglang/srt/entrypoints/engine.py)."""
+    output dicts, else one dict (sglang/srt/entrypoints/engine.py);
+    `async_load_lora_adapter`, refusing the names in `refuse`."""
 
-    def __init__(self, outputs: list[dict], error: Exception | None = None) -> None:
+    def __init__(self, outputs: list[dict], error: Exception | None = None, refuse: set[str] = frozenset()) -> None:
         self.outputs = outputs
         self.error = error
         self.calls: list[dict] = []
         self.tokenizer_manager = FakeTokenizerManager()
+        self.refuse = refuse
+        self.loads: list[tuple[str, str]] = []
+
+    async def async_load_lora_adapter(self, lora_name: str, lora_path: str, pinned: bool = False):
+        self.loads.append((lora_name, lora_path))
+        if lora_name in self.refuse:
+            return LoadResult(False, f"Failed to load LoRA adapter {lora_name}: bad weights")
+        return LoadResult(True)
 
     async def async_generate(self, **kwargs):
         self.calls.append(kwargs)
