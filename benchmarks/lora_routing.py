@@ -9,6 +9,10 @@ Poisson arrivals. Systems, one after another, cold, the order rotated each round
   sglang-cache-aware    SGLang's gateway (cache_aware) before 4 plain vLLM servers serving the same adapters
                         (--enable-lora, --lora-modules), the same engine settings
 
+With `--pd`, our two rows run the P/D config instead (configs/disagg-cpu.yaml: 1 prefill + 3 decode replicas,
+KV over NIXL, prompts with few uncached tokens prefilled on their decode replica), each request checked to
+have been prefilled remotely or locally, never aggregated and with no prefill fallback.
+
 Reports TTFT p50/p99, prefix hit rate (engine-reported cached tokens), goodput (TTFT p99 <= 1 s, ITL p50
 <= 50 ms), and adapter loads per 100 requests: our engines' `lora_loads_total` (vLLM's host-cache LRU replayed
 over the adapters its scheduler runs each step; orchestrator/engines/vllm_engine.py); a plain vLLM server
@@ -18,6 +22,8 @@ every request routed aggregated on the direct data plane, KV events applied and 
 
     .venv/bin/python benchmarks/lora_costs.py        # this engine's costs, in blocks
     .venv/bin/python benchmarks/lora_routing.py --rounds 2 --lora-costs benchmarks/results/lora_costs_cpu.json
+    .venv/bin/python benchmarks/lora_routing.py --pd --systems ours-lora-aware,ours-round-robin --rounds 2 \
+        --lora-costs benchmarks/results/lora_costs_cpu.json --out benchmarks/results/lora_routing_pd.json
 """
 
 from __future__ import annotations
@@ -37,6 +43,8 @@ if __package__ in (None, ""):  # run as `python benchmarks/<name>.py`: the repos
 
 from benchmarks import launch, peers, report  # noqa: E402
 from benchmarks.compare_routing import PATH_COUNTERS, route_problem  # noqa: E402
+
+PD_COUNTERS = {**PATH_COUNTERS, "orchestrator_prefill_fallbacks_total": ()}
 from benchmarks.lora_routing_sim import zipf_weights  # noqa: E402
 from tools.bench import run_trace, warm_up  # noqa: E402
 from tools.bench_stats import parse_slo  # noqa: E402
@@ -64,12 +72,20 @@ def _lora(loras: list[tuple[str, Path]], max_loras: int) -> dict:
 
 
 def _ours(policy: str, loras, args):
+    """Aggregated: REPLICAS replicas; P/D (`--pd`): 1 prefill + REPLICAS - 1 decode replicas, KV over NIXL."""
+    pools = {"decode_pool__replicas": REPLICAS, "decode_pool__engine__cpu__kv_cache_gib": args.kv_cache_gib}
+    if args.pd:
+        pools = {
+            "decode_pool__replicas": REPLICAS - 1,
+            "decode_pool__engine__cpu__kv_cache_gib": args.kv_cache_gib,
+            "prefill_pool__engine__cpu__kv_cache_gib": args.kv_cache_gib,
+            "prefill_pool__num_cpus": 0.25,
+        }
     return launch.app_args(
-        "agg-cpu.yaml",
-        decode_pool__replicas=REPLICAS,
+        "disagg-cpu.yaml" if args.pd else "agg-cpu.yaml",
+        **pools,
         decode_pool__num_cpus=0.25,
         frontend__num_cpus=0.25,
-        decode_pool__engine__cpu__kv_cache_gib=args.kv_cache_gib,
         routing__policy=policy,
         routing__lora_load_blocks=args.lora_load_blocks,
         routing__lora_slot_wait_blocks=args.lora_slot_wait_blocks,
@@ -118,7 +134,21 @@ def workload(pool: TokenPool, loras, args) -> list[RequestSpec]:
 def lora_loads(url: str) -> int:
     """Adapter loads our engines have counted (every replica's `lora_loads_total`, from /pools)."""
     pools = httpx.get(f"{url}/pools", timeout=10).json()["pools"]
-    return int(sum((r["stats"] or {}).get("lora_loads_total", 0) for r in pools["decode_pool"]))
+    return int(sum((r["stats"] or {}).get("lora_loads_total", 0) for pool in pools.values() for r in pool))
+
+
+def pd_route_problem(path: dict[str, float], sent: int, follows_events: bool) -> str | None:
+    """P/D: every request prefilled remotely or on its decode replica, never aggregated, no prefill fallback, on
+    the direct data plane; KV event batches applied exactly when the row follows them."""
+    routes = {k: v for k, v in path.items() if k.startswith("orchestrator_route_decisions_total")}
+    allowed = {f"orchestrator_route_decisions_total{{kind={k}}}" for k in ("remote_prefill", "local_prefill")}
+    if not routes.keys() <= allowed or sum(routes.values()) < sent:
+        return f"routes {routes}, expected {sent} remote or local prefills"
+    if path.get("orchestrator_direct_path_fallbacks_total", 0) > 0 or path.get("orchestrator_prefill_fallbacks_total"):
+        return "calls left the direct data plane, or prefills fell back"
+    if (path.get("orchestrator_kv_event_batches_total", 0) > 0) != follows_events:
+        return f"KV event batches applied: {not follows_events}"
+    return None
 
 
 def _run(system: str, specs, loras, args, tokenizer, warmups, slo, logs: Path) -> dict:
@@ -128,17 +158,21 @@ def _run(system: str, specs, loras, args, tokenizer, warmups, slo, logs: Path) -
             target = Target(url, "tiny-llama", detokenize=lambda ids: tokenizer.decode(list(ids)))
             asyncio.run(warm_up(target, warmups))
             ours = system.startswith("ours-")
-            before = launch.counters(url, PATH_COUNTERS) if ours else None
+            before = launch.counters(url, PD_COUNTERS) if ours else None
             loads_before = lora_loads(url) if ours else None
             result = asyncio.run(run_trace(target, specs, 1.0, 1.0, slo))
-            path = launch.increments(before, launch.counters(url, PATH_COUNTERS)) if ours else None
+            path = launch.increments(before, launch.counters(url, PD_COUNTERS)) if ours else None
             loads = lora_loads(url) - loads_before if ours else None
     except Exception as e:  # a peer that cannot run here is reported, not fatal
         print(f"{system} failed: {type(e).__name__}: {e}", flush=True)
         return {"error": f"{type(e).__name__}: {e}"}
     out = result.to_dict() | {"wall_s": time.time() - started}
     if ours:
-        problem = route_problem(path, result.sent, follows_events=system == "ours-lora-aware", predicts=None)
+        events = system == "ours-lora-aware"
+        if args.pd:
+            problem = pd_route_problem(path, result.sent, events)
+        else:
+            problem = route_problem(path, result.sent, follows_events=events, predicts=None)
         if problem is None and not loads:
             problem = "no adapter loads counted: the requests did not run with their adapters"
         out |= {"path": path, "path_problem": problem, "adapter_loads": loads}
@@ -209,6 +243,7 @@ def main() -> None:
     p.add_argument("--lora-slot-wait-blocks", type=float, default=1024.0, help="routing.lora_slot_wait_blocks")
     p.add_argument("--lora-costs", help="both from this engine's measurement (benchmarks/lora_costs.py's JSON)")
     p.add_argument("--systems", default=",".join(SYSTEMS))
+    p.add_argument("--pd", action="store_true", help="our rows disaggregated: 1 prefill + 3 decode replicas")
     p.add_argument("--rounds", type=int, default=1)
     p.add_argument("--out", default=str(launch.RESULTS / "lora_routing.json"))
     args = p.parse_args()
