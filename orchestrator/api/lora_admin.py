@@ -8,7 +8,7 @@ import json
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.api.errors import APIError, bad_request, from_validation_error
+from orchestrator.api.errors import APIError, bad_request, from_validation_error, unavailable
 from orchestrator.lora.adapter import LoraAdapter
 from orchestrator.lora.catalog import AdapterCatalog, AdapterConflict, AdapterInvalid, AdapterNotFound
 
@@ -57,6 +57,8 @@ class LoraAdmin:
             await catalog.load(LoraAdapter(req.lora_name, req.lora_path))
         except (AdapterConflict, AdapterInvalid) as e:
             raise bad_request(str(e), "lora_name" if isinstance(e, AdapterConflict) else "lora_path") from None
+        except Exception as e:  # the engine check or the store failed, not the adapter: nothing was loaded
+            raise unavailable(f"the adapter could not be checked or stored, nothing was loaded: {e}") from None
         return f"Success: LoRA adapter '{req.lora_name}' added successfully."
 
     async def unload(self, raw_body: bytes) -> str:

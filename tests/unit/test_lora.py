@@ -14,7 +14,7 @@ import vllm.distributed.kv_events as kv_events
 
 from orchestrator.api.app import AppHooks, build_openai_app
 from orchestrator.config import PRIMARY_GROUP, AppConfig
-from orchestrator.engines.base import EngineRequestRejected
+from orchestrator.engines.base import EngineError, EngineRequestRejected
 from orchestrator.engines.vllm_kv_events import decode_batch, encode_batch
 from orchestrator.frontend import PoolGroup, build_frontend
 from orchestrator.kv.events import BlockStored, KVEventBatch
@@ -233,6 +233,26 @@ def test_adapters_through_the_openai_app_on_both_pools(adapters):
     assert out["unload"].status_code == 200
     assert out["unload_again"].status_code == 404
     assert out["unload_again"].json()["error"]["message"] == "The lora adapter 'b' cannot be found."
+
+
+def test_a_load_whose_engine_check_fails_is_a_503_and_loads_nothing(adapters):
+    """The engine failed (not the adapter's fault): the API's error shape, and the adapter is not served."""
+
+    async def dead_engine(adapter):
+        raise EngineError("engine unhealthy: EngineDeadError")
+
+    groups = {PRIMARY_GROUP: PoolGroup(FakePool("decode_pool"), FakePool("prefill_pool", ("p0",)))}
+    app = _app(_lora_config(adapters), groups, check=dead_engine)
+
+    async def calls():
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://f") as c:
+            load = await c.post("/v1/load_lora_adapter", json={"lora_name": "b", "lora_path": adapters["b"]})
+            use = await c.post("/v1/completions", json={"model": "b", "prompt": "a", "max_tokens": 1})
+            return load, use
+
+    load, use = run(calls())
+    assert load.status_code == 503 and "nothing was loaded" in load.json()["error"]["message"]
+    assert use.status_code == 404
 
 
 def test_the_adapter_calls_are_admin_only(adapters):
