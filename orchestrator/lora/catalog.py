@@ -4,7 +4,7 @@
     loaded       POST /v1/load_lora_adapter: in the shared store (every frontend's), until unloaded
 
 A request's `model` resolves to the base (None), an adapter, or AdapterNotFound. A name this frontend does
-not know is looked up in the store once before it is refused (another frontend may just have loaded it);
+not know is looked up in the store before it is refused (another frontend may just have loaded it);
 the store is otherwise read every `refresh_s`, so an unload reaches every frontend within that period.
 """
 
@@ -17,9 +17,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from orchestrator.lora.adapter import LoraAdapter
 from orchestrator.lora.check import adapter_problem
 from orchestrator.lora.store import AdapterStore
-
-# Misses that consult the store are at most this frequent: a flood of unknown names costs no store traffic.
-MISS_REFRESH_S = 0.5
 
 
 class AdapterNotFound(LookupError):
@@ -72,12 +69,12 @@ class AdapterCatalog:
         return adapter
 
     async def lookup(self, model: str) -> LoraAdapter | None:
-        """`resolve`, reading the store first where the name is unknown here and the store was not just read."""
+        """`resolve`, reading the store once first where the name is unknown here (each such request reads it:
+        another frontend may have loaded the name since this one last read; admission bounds the reads)."""
         try:
             return self.resolve(model)
         except AdapterNotFound:
-            if self.clock() - self._refreshed_at < MISS_REFRESH_S:
-                raise
+            pass
         await self.refresh()
         return self.resolve(model)
 
