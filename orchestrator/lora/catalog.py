@@ -11,7 +11,6 @@ the store is otherwise read every `refresh_s`, so an unload reaches every fronte
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable, Sequence
 
 from orchestrator.lora.adapter import LoraAdapter
@@ -43,7 +42,6 @@ class AdapterCatalog:
         store: AdapterStore,
         max_lora_rank: int,
         engine_check: EngineCheck | None = None,
-        clock: Callable[[], float] = time.monotonic,
         refresh_s: float = 2.0,
     ) -> None:
         self.base_model = base_model
@@ -51,10 +49,8 @@ class AdapterCatalog:
         self.store = store
         self.max_lora_rank = max_lora_rank
         self.engine_check = engine_check
-        self.clock = clock
         self.refresh_s = refresh_s
         self._loaded: dict[str, LoraAdapter] = {}
-        self._refreshed_at = float("-inf")
 
     def adapters(self) -> list[LoraAdapter]:
         return [*self.configured.values(), *self._loaded.values()]
@@ -79,7 +75,6 @@ class AdapterCatalog:
         return self.resolve(model)
 
     async def refresh(self) -> None:
-        self._refreshed_at = self.clock()
         self._loaded = {a.name: a for a in await self.store.all() if a.name not in self.configured}
 
     async def load(self, adapter: LoraAdapter) -> None:

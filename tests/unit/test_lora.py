@@ -45,14 +45,6 @@ def adapters(tmp_path):
     return made
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 class CountingStore(MemoryAdapterStore):
     def __init__(self) -> None:
         super().__init__()
@@ -64,10 +56,10 @@ class CountingStore(MemoryAdapterStore):
 
 
 def test_two_frontends_sharing_a_store_serve_one_adapter_set(adapters):
-    store, clock = CountingStore(), Clock()
+    store = CountingStore()
     configured = [LoraAdapter("fixed", adapters["a"])]
-    one = AdapterCatalog("base", configured, store, max_lora_rank=16, clock=clock)
-    two = AdapterCatalog("base", configured, store, max_lora_rank=16, clock=clock)
+    one = AdapterCatalog("base", configured, store, max_lora_rank=16)
+    two = AdapterCatalog("base", configured, store, max_lora_rank=16)
 
     async def lifecycle():
         assert one.resolve("base") is None and one.resolve("fixed") == configured[0]
