@@ -65,9 +65,16 @@ def _authorized(request: Request, api_key: str) -> bool:
 ADMIN_PATHS = ("/pools", "/v1/load_lora_adapter", "/v1/unload_lora_adapter")
 
 
+def _route_path(request: Request) -> str:
+    """The path within the app: without the prefix it is served under (Serve's route_prefix, the ASGI
+    `root_path`), which the ASGI `path` includes."""
+    path, root = request.scope["path"], request.scope.get("root_path", "")
+    return path[len(root) :] if root and path.startswith(root + "/") else path
+
+
 def _refusal(request: Request, hooks: AppHooks) -> APIError | None:
     """Why `request` may not pass (user keys on /v1/*, the admin key on `ADMIN_PATHS`), or None."""
-    path = request.url.path
+    path = _route_path(request)
     admin = path.startswith(ADMIN_PATHS)
     if path.startswith("/v1/") and not admin and hooks.api_key and not _authorized(request, hooks.api_key):
         return APIError(401, "Incorrect or missing API key: send Authorization: Bearer <key>.", code="invalid_api_key")

@@ -57,6 +57,27 @@ def test_the_admin_surface_takes_the_admin_key_and_not_a_users():
     assert _calls(fe, {}) == (401, 401, 200, 200)
 
 
+def test_keys_hold_for_an_app_served_under_a_route_prefix():
+    """Serve runs an application at its route_prefix: the ASGI path then carries the prefix (and root_path
+    names it). The keys guard the same surfaces there as at /."""
+    import httpx
+
+    fe = make_frontend(api_key="user", admin_key="admin")
+
+    async def go(headers):
+        transport = httpx.ASGITransport(app=fe.app, root_path="/orchestrator")
+        async with httpx.AsyncClient(transport=transport, base_url="http://frontend") as c:
+            return (
+                (await c.post("/orchestrator/v1/completions", content=_body(), headers=headers)).status_code,
+                (await c.get("/orchestrator/pools", headers=headers)).status_code,
+                (await c.get("/orchestrator/health")).status_code,
+            )
+
+    assert run(go({})) == (401, 401, 200)
+    assert run(go({"authorization": "Bearer user"})) == (200, 401, 200)
+    assert run(go({"authorization": "Bearer admin"})) == (401, 200, 200)
+
+
 def test_with_user_keys_and_no_admin_key_the_admin_surface_is_closed_to_everyone():
     fe = make_frontend(api_key="user")
 
