@@ -71,11 +71,14 @@ class Frontend:
         self.parts = build_frontend(app, groups, tokenizer, tracer=self.tracer, adapter_store=store)
         self.parts.metrics.add_collector(fallbacks)
         # Secure by default: no key on a non-loopback address is a refusal to start, naming what to set.
-        problem = exposure_problem(await serve_http_host(), app.frontend.auth)
+        problem = exposure_problem(await serve_http_host(), app.frontend.auth, bool(app.traffic.tenants))
         if problem is not None:
             raise RuntimeError(problem)
         self.api_key = _key_from_env("api_key_env", app.frontend.auth.api_key_env)
         self.admin_key = _key_from_env("admin_key_env", app.frontend.auth.admin_key_env)
+        self.tenant_keys = {
+            t.name: _key_from_env(f"traffic.tenants[{t.name}].api_key_env", t.api_key_env) for t in app.traffic.tenants
+        }
         # Handles build their routers on first use; until then a pool shows no replicas.
         self._background = [asyncio.create_task(pool.connect()) for pool in self.parts.pools().values()]
         self._background.append(asyncio.create_task(self.parts.kv_events.run()))
@@ -89,6 +92,7 @@ class Frontend:
             max_request_bytes=self.config.frontend.limits.max_request_bytes,
             api_key=self.api_key,
             admin_key=self.admin_key,
+            tenant_keys=self.tenant_keys,
         )
         return build_openai_app(self.parts.service, hooks)
 
@@ -117,11 +121,15 @@ async def _follow_adapters(catalog: AdapterCatalog) -> None:
         await asyncio.sleep(catalog.refresh_s)
 
 
+def _field_path(field: str) -> str:
+    return field if field.startswith("traffic.") else f"frontend.auth.{field}"
+
+
 def _key_from_env(field: str, env: str | None) -> str | None:
     """The key in environment variable `env` (None when not configured); an error when it is named but unset."""
     if env is None:
         return None
     key = os.environ.get(env)
     if not key:
-        raise RuntimeError(f"frontend.auth.{field} names {env}, which is not set where this frontend runs")
+        raise RuntimeError(f"{_field_path(field)} names {env}, which is not set where this frontend runs")
     return key

@@ -908,6 +908,129 @@ class PoolGroupConfig(_Strict):
         return pools
 
 
+_NAME_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class SloClassConfig(_Strict):
+    """One class of traffic: its engine priority and its latency targets, or best effort."""
+
+    name: str = Field(pattern=_NAME_PATTERN, description="What a request names in `x-slo-class` or `slo_class`.")
+    priority: int = Field(
+        default=0,
+        description="The engines' priority for the class's requests, on both pools: lower runs first (vLLM's rule). "
+        "Classes are shed in the opposite order: the highest value first.",
+    )
+    ttft_p99_ms: PositiveFloat | None = Field(
+        default=None, description="The class's TTFT p99 target. None, with itl_p50_ms None: best effort."
+    )
+    itl_p50_ms: PositiveFloat | None = Field(
+        default=None, description="The class's ITL p50 target. None, with ttft_p99_ms None: best effort."
+    )
+    max_streams: PositiveInt | None = Field(
+        default=None,
+        description="Engine streams (prompts x n) the class may hold in one frontend replica; what the class may "
+        "not take is kept for the others. None: frontend.max_in_flight.",
+    )
+    queue_size: NonNegativeInt = Field(
+        default=0,
+        description="Requests that wait for room instead of a 429 (ordered by deadline, tenants served fairly by "
+        "tokens, each tenant at most its weighted share of the queue while others are active). The wait counts "
+        "toward a class's TTFT: keep queue_wait_s well under its target. 0: a 429 at once.",
+    )
+    queue_wait_s: PositiveFloat = Field(
+        default=30.0, description="A queued request's deadline: past it, a 429 with Retry-After."
+    )
+    allow_request_priority: bool = Field(
+        default=False,
+        description="Accept the request's own `priority` field (vLLM's), at this class's priority or lower "
+        "(a larger value); a higher one is a 403. False: a `priority` other than the class's is a 400.",
+    )
+
+    @property
+    def best_effort(self) -> bool:
+        return self.ttft_p99_ms is None and self.itl_p50_ms is None
+
+    @model_validator(mode="after")
+    def _check(self) -> SloClassConfig:
+        if (self.ttft_p99_ms is None) != (self.itl_p50_ms is None):
+            raise ValueError(f"class {self.name!r}: give both ttft_p99_ms and itl_p50_ms, or neither (best effort)")
+        if self.queue_size and self.ttft_p99_ms is not None and self.queue_wait_s * 1e3 >= self.ttft_p99_ms:
+            raise ValueError(
+                f"class {self.name!r}: queue_wait_s ({self.queue_wait_s}) must be under its ttft_p99_ms "
+                f"({self.ttft_p99_ms} ms): a request that waits that long has missed it"
+            )
+        return self
+
+
+class TenantConfig(_Strict):
+    """Who sends traffic: an API key, the classes it may claim and its limits (each per frontend replica)."""
+
+    name: str = Field(pattern=_NAME_PATTERN, description="The tenant's name in metrics and logs.")
+    api_key_env: str = Field(
+        description="Name of the environment variable holding this tenant's API key (`Authorization: Bearer`)."
+    )
+    classes: list[str] | None = Field(
+        default=None, description="The classes its requests may claim; another is a 403. None: every class."
+    )
+    default_class: str | None = Field(
+        default=None,
+        description="The class of its requests that name none. None: traffic.default_class (which it must be allowed).",
+    )
+    max_in_flight: PositiveInt | None = Field(default=None, description="Requests at once; beyond it, 429.")
+    tokens_per_minute: PositiveInt | None = Field(
+        default=None,
+        description="Tokens a minute (prompt + max_tokens, charged at admission, the unused output refunded); "
+        "beyond it, 429 with the Retry-After that refills it.",
+    )
+    weight: PositiveFloat = Field(
+        default=1.0, description="Its share within a class when tenants contend (tokens served / weight equalised)."
+    )
+
+
+class TrafficConfig(_Strict):
+    """SLO classes and tenants. No classes: every request is alike, as before classes existed."""
+
+    classes: list[SloClassConfig] = Field(default_factory=list, description="The traffic classes.")
+    default_class: str | None = Field(
+        default=None, description="The class of a request that names none; required when classes are configured."
+    )
+    tenants: list[TenantConfig] = Field(
+        default_factory=list,
+        description="Tenants by API key. frontend.auth.api_key_env, when set, is the key of tenant `default` "
+        "(every class).",
+    )
+    contention_window_s: PositiveFloat = Field(
+        default=10.0,
+        description="A tenant that sent a request this recently is active: a class at its limit keeps room for "
+        "the fair share of each active tenant.",
+    )
+
+    def class_named(self, name: str) -> SloClassConfig | None:
+        return next((c for c in self.classes if c.name == name), None)
+
+    @model_validator(mode="after")
+    def _check(self) -> TrafficConfig:
+        names = [c.name for c in self.classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"traffic.classes: names must be unique (got {names})")
+        if self.classes and self.default_class is None:
+            raise ValueError(f"traffic.default_class is required with classes (one of {names})")
+        if self.default_class is not None and self.default_class not in names:
+            raise ValueError(f"traffic.default_class {self.default_class!r} is not a class (classes: {names})")
+        tenants = [t.name for t in self.tenants]
+        if len(set(tenants)) != len(tenants) or "default" in tenants:
+            raise ValueError(f"traffic.tenants: names must be unique and not `default` (got {tenants})")
+        for t in self.tenants:
+            allowed = t.classes if t.classes is not None else names
+            for c in [*(t.classes or []), *([t.default_class] if t.default_class else [])]:
+                if c not in names:
+                    raise ValueError(f"tenant {t.name!r} names class {c!r}, which is not configured ({names})")
+            default = t.default_class or self.default_class
+            if default is not None and default not in allowed:
+                raise ValueError(f"tenant {t.name!r}: its default class {default!r} is not among its classes")
+        return self
+
+
 class TracingConfig(_Strict):
     """OpenTelemetry traces of the frontend's requests (orchestrator/tracing.py); off by default."""
 
@@ -963,6 +1086,10 @@ class AppConfig(_Strict):
         description="The KV transfer between prefill and decode engines and the address of each replica's KV events.",
     )
     cluster: ClusterConfig | None = Field(default=None, description="None: layouts are not checked.")
+    traffic: TrafficConfig = Field(
+        default=TrafficConfig(),
+        description="SLO classes and tenants: admission, queueing, engine priority and metrics by class and tenant.",
+    )
     tracing: TracingConfig = Field(
         default=TracingConfig(),
         description="OpenTelemetry traces of the frontend's requests, exported over OTLP/HTTP (off by default).",

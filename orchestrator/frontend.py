@@ -40,6 +40,7 @@ from orchestrator.routing.base import Scheduler
 from orchestrator.routing.report import SchedulerCollector
 from orchestrator.routing.shape import CombinedLoad
 from orchestrator.tracing import NOOP_TRACER, Tracer
+from orchestrator.traffic.policy import TrafficPolicy
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,7 @@ def build_frontend(
         wall_clock=wall_clock,
         tracer=tracer,
         catalog=catalog,
+        policy=TrafficPolicy(config.traffic, frontend.max_in_flight),
         **({"new_id": new_id} if new_id is not None else {}),
     )
     kv_events = KVEventSubscriber(list(pools.values()), routing.ingest, metrics, subscribe=publishes_kv_events(config))

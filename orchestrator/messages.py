@@ -152,6 +152,9 @@ class EngineRequest:
     # The LoRA adapter the request runs with, on every engine that computes it (prefill and decode alike);
     # None: the base model. Kept by every transformation, so no engine computes it with other weights.
     lora: LoraAdapter | None = None
+    # The engines' scheduling priority (vLLM's rule: lower runs first), from the request's SLO class; on both
+    # pools. 0 unless classes are configured (then the engines schedule by priority). Kept by every transformation.
+    priority: int = 0
 
     def for_prefill(self, replica: str | None, samples_first_token: bool = False) -> EngineRequest:
         """The request sent to a prefill replica: the same prompt, one token, KV

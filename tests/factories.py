@@ -228,6 +228,8 @@ def make_frontend(
     tokenizer: Tokenizer | None = None,
     routing: dict[str, Any] | None = None,
     tracer: Tracer = NOOP_TRACER,
+    traffic: dict[str, Any] | None = None,
+    tenant_keys: dict[str, str] | None = None,
 ) -> Frontend:
     decode = decode or FakePool("decode_pool")
     prefill = (prefill or FakePool("prefill_pool")) if disaggregated else None
@@ -252,6 +254,7 @@ def make_frontend(
                 # Every replica here fails alike: no replacement comes, so no wait for one.
                 "migration_wait_s": 0,
             },
+            **({"traffic": traffic} if traffic is not None else {}),
         }
     )
     ids = iter(range(1_000_000))
@@ -274,6 +277,7 @@ def make_frontend(
         max_request_bytes=limits.max_request_bytes,
         api_key=api_key,
         admin_key=admin_key,
+        tenant_keys=tenant_keys or {},
     )
     app = build_openai_app(parts.service, hooks)
     return Frontend(parts.service, parts.metrics, decode, prefill, app, parts)

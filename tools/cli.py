@@ -39,7 +39,7 @@ def _check_config(args: argparse.Namespace) -> int:
     doc = load_serve_config(args.config)
     if isinstance(doc, dict) and "applications" in doc:
         host = (doc.get("http_options") or {}).get("host", SERVE_DEFAULT_HOST)
-        problem = exposure_problem(host, config.frontend.auth)
+        problem = exposure_problem(host, config.frontend.auth, bool(config.traffic.tenants))
         if problem is not None:
             print(f"refused: {problem}", file=sys.stderr)
             return 1

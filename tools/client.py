@@ -48,12 +48,16 @@ async def _sse_lines(response: httpx.Response):
 
 
 async def stream_events(
-    client: httpx.AsyncClient, url: str, body: dict[str, Any], record: RequestRecord
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    record: RequestRecord,
+    headers: dict[str, str] | None = None,
 ) -> AsyncIterator[dict[str, Any]]:
     """POST `body` and yield the stream's JSON events, the usage fields copied
     into `record` as they come. An HTTP error status, an undecodable event or
     an error event sets `record.error` and ends the stream."""
-    async with client.stream("POST", url, json=body) as r:
+    async with client.stream("POST", url, json=body, headers=headers) as r:
         if r.status_code != 200:
             record.error = f"http_{r.status_code}"
             await r.aread()
@@ -81,14 +85,16 @@ async def stream_events(
             yield event
 
 
-async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> RequestRecord:
-    """POST `body` with streaming and usage on; never raises for server errors."""
+async def stream_completion(
+    client: httpx.AsyncClient, url: str, body: dict[str, Any], headers: dict[str, str] | None = None
+) -> RequestRecord:
+    """POST `body` (with `headers`) with streaming and usage on; never raises for server errors."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     start = time.perf_counter()
     record = RequestRecord(ok=False, start_s=start)
     last = None
     try:
-        async for event in stream_events(client, url, body, record):
+        async for event in stream_events(client, url, body, record, headers):
             text = _content(event)
             finish = any(c.get("finish_reason") for c in event.get("choices") or [])
             # Output arrives as text; a request whose tokens all detokenize

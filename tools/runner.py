@@ -48,7 +48,7 @@ def _client(concurrency: int, timeout_s: float) -> httpx.AsyncClient:
 async def _send(
     client: httpx.AsyncClient, target: Target, spec: RequestSpec, done: Callable[[], None]
 ) -> RequestRecord:
-    record = await stream_completion(client, target.url, target.body(spec))
+    record = await stream_completion(client, target.url, target.body(spec), dict(spec.headers))
     done()
     return record
 

@@ -74,6 +74,7 @@ class RequestSpec:
     max_tokens: int
     arrival_s: float | None = None  # trace replay: when to send, from the start
     model: str | None = None  # the `model` to name (a LoRA adapter); None: the target's
+    headers: tuple[tuple[str, str], ...] = ()  # sent with the request (an API key, x-slo-class)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,11 @@ held from admission until the response's last byte, streams included, so memory 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from orchestrator.api.traffic_admission import ClassSlot
+
 
 class AdmissionGate:
     def __init__(self, limit: int) -> None:
@@ -29,6 +34,16 @@ class Slot:
         self._gate = gate
         self._streams = 1
         self._held = True
+        self._class_slot: ClassSlot | None = None
+
+    def attach(self, class_slot: ClassSlot) -> None:
+        """The request's hold on its SLO class (orchestrator/api/traffic_admission.py), released with this."""
+        self._class_slot = class_slot
+
+    def spent(self, tokens: int) -> None:
+        """Tokens the request used (prompt + generated), for its tenant's charge."""
+        if self._class_slot is not None:
+            self._class_slot.spent(tokens)
 
     def widen(self, streams: int) -> bool:
         """Hold `streams` engine streams (at most the whole gate: a request larger than the limit runs alone);
@@ -45,3 +60,5 @@ class Slot:
         if self._held:
             self._held = False
             self._gate.leave(self._streams)
+            if self._class_slot is not None:
+                self._class_slot.release()

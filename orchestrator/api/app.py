@@ -5,8 +5,8 @@ and pools. The same app runs as the Ray Serve frontend and in unit tests."""
 from __future__ import annotations
 
 import hmac
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -17,6 +17,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from orchestrator.api.errors import APIError
 from orchestrator.api.responses import Endpoint
 from orchestrator.api.service import CompletionService
+from orchestrator.traffic.policy import DEFAULT_TENANT
+
+SLO_CLASS_HEADER = "x-slo-class"  # the request's traffic class (else its body's `slo_class`, else a default)
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,13 @@ class AppHooks:
     # When set, the admin surfaces (`ADMIN_PATHS`) need `Authorization: Bearer <admin_key>`; unset with an
     # api_key, they are refused to everyone; neither set (a loopback address), everything is open.
     admin_key: str | None = None
+    # Tenants' API keys (traffic.tenants), tenant name -> key: each opens /v1/* as that tenant; `api_key` opens
+    # it as tenant `default`.
+    tenant_keys: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def user_keys(self) -> bool:
+        return bool(self.api_key or self.tenant_keys)
 
 
 async def _read_body(request: Request, limit: int) -> bytes:
@@ -55,10 +65,27 @@ def _too_large(limit: int) -> APIError:
     return APIError(413, f"request body larger than {limit} bytes", code="request_too_large")
 
 
+def _bearer(request: Request) -> bytes | None:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip().encode() if scheme.lower() == "bearer" else None
+
+
 def _authorized(request: Request, api_key: str) -> bool:
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
+    token = _bearer(request)
+    return token is not None and hmac.compare_digest(token, api_key.encode())
+
+
+def _tenant(request: Request, hooks: AppHooks) -> str | None:
+    """The tenant whose key the request carries (`default` for `api_key`), or None. Every key is compared."""
+    token = _bearer(request)
+    if token is None:
+        return None
+    keys = ([(DEFAULT_TENANT, hooks.api_key)] if hooks.api_key else []) + list(hooks.tenant_keys.items())
+    found = None
+    for tenant, key in keys:
+        if hmac.compare_digest(token, key.encode()) and found is None:
+            found = tenant
+    return found
 
 
 # Admin surfaces: the admin key alone opens them (a user key does not).
@@ -76,8 +103,13 @@ def _refusal(request: Request, hooks: AppHooks) -> APIError | None:
     """Why `request` may not pass (user keys on /v1/*, the admin key on `ADMIN_PATHS`), or None."""
     path = _route_path(request)
     admin = path.startswith(ADMIN_PATHS)
-    if path.startswith("/v1/") and not admin and hooks.api_key and not _authorized(request, hooks.api_key):
-        return APIError(401, "Incorrect or missing API key: send Authorization: Bearer <key>.", code="invalid_api_key")
+    if path.startswith("/v1/") and not admin and hooks.user_keys:
+        tenant = _tenant(request, hooks)
+        if tenant is None:
+            return APIError(
+                401, "Incorrect or missing API key: send Authorization: Bearer <key>.", code="invalid_api_key"
+            )
+        request.state.tenant = tenant
     if admin:
         if hooks.admin_key is None:
             return APIError(
@@ -104,7 +136,7 @@ def build_openai_app(service: CompletionService, hooks: AppHooks) -> FastAPI:
     async def _api_error(_: Request, err: APIError) -> JSONResponse:
         return _error_response(err)
 
-    if hooks.api_key or hooks.admin_key:
+    if hooks.user_keys or hooks.admin_key:
 
         @app.middleware("http")
         async def _auth(request: Request, call_next):
@@ -118,7 +150,13 @@ def build_openai_app(service: CompletionService, hooks: AppHooks) -> FastAPI:
 
     async def _generate(endpoint: Endpoint, request: Request) -> Response:
         body = await _read_body(request, hooks.max_request_bytes)
-        result = await service.handle(endpoint, body, traceparent=request.headers.get("traceparent"))
+        result = await service.handle(
+            endpoint,
+            body,
+            traceparent=request.headers.get("traceparent"),
+            tenant=getattr(request.state, "tenant", DEFAULT_TENANT),
+            slo_class=request.headers.get(SLO_CLASS_HEADER),
+        )
         if isinstance(result, dict):
             return JSONResponse(result)
         return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

@@ -18,9 +18,9 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: it may resolve anywhere
 
 
-def exposure_problem(host: str, auth: AuthConfig) -> str | None:
-    """Why an application may not serve on `host` with `auth`, or None."""
-    if is_loopback(host) or auth.api_key_env is not None or auth.allow_unauthenticated:
+def exposure_problem(host: str, auth: AuthConfig, tenant_keys: bool = False) -> str | None:
+    """Why an application may not serve on `host` with `auth` (and tenants' keys, `tenant_keys`), or None."""
+    if is_loopback(host) or auth.api_key_env is not None or tenant_keys or auth.allow_unauthenticated:
         return None
     return (
         f"the HTTP address {host} is not loopback and no API key is configured: set frontend.auth.api_key_env "

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import statistics
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Protocol
@@ -76,8 +77,14 @@ class ChoiceFanOut:
     ) -> AsyncIterator[EngineChunk]:
         """One choice's chunks, with latency metrics observed as they pass (of choice 0);
         `span`: the request's, which the choice's span is a child of."""
-        last = None
+        last = first = None
         observe = plan.index == 0
+        # By SLO class (classes configured): its histograms looked up once, its gaps kept where it has targets.
+        cls = p.traffic.cls if p.traffic is not None and observe else None
+        class_ttft = self.metrics.class_ttft.labels(cls.name) if cls is not None else None
+        class_itl = self.metrics.class_itl.labels(cls.name) if cls is not None else None
+        gaps: list[float] | None = [] if cls is not None and not cls.best_effort else None
+        ended = False
         path, blocks = self.path_for(plan.request)
         trace.span = span.child("choice", {"choice.index": plan.index, "choice.follows": follow})
         stream = path.stream(plan.request, trace, follow, blocks)
@@ -90,14 +97,31 @@ class ChoiceFanOut:
                     if n and observe:
                         now = self.clock()
                         if last is None:
+                            first = now
                             self.metrics.ttft.observe(now - p.arrival)
+                            if class_ttft is not None:
+                                class_ttft.observe(now - p.arrival)
                         else:
+                            gap = (now - last) / n
                             for _ in range(n):
-                                self.metrics.itl.observe((now - last) / n)
+                                self.metrics.itl.observe(gap)
+                                if class_itl is not None:
+                                    class_itl.observe(gap)
+                            if gaps is not None:
+                                gaps.extend(gap for _ in range(n))
                         last = now
                     yield chunk
+            ended = True
         finally:
             trace.span.end()
+            if ended and gaps is not None and first is not None:
+                self._attained(p, first - p.arrival, gaps)
+
+    def _attained(self, p: PreparedRequest, ttft: float, gaps: list[float]) -> None:
+        """An SLO class's request met its targets: TTFT within ttft_p99, its median gap within itl_p50."""
+        cls, tenant = p.traffic.cls, p.traffic.tenant.name
+        attained = ttft <= cls.ttft_s and (not gaps or statistics.median(gaps) <= cls.itl_s)
+        self.metrics.class_slo.labels(cls.name, tenant, "yes" if attained else "no").inc()
 
     async def choice_chunks(
         self, p: PreparedRequest, states: Sequence[RoutedChoice], span: Span = NOOP_SPAN

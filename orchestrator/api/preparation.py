@@ -273,6 +273,8 @@ class RequestPreparer:
                 req.stream_options and req.stream_options.include_usage and req.stream_options.continuous_usage_stats
             ),
             arrival=arrival,
+            slo_class=req.slo_class,
+            priority=req.priority,
             options=OutputOptions(
                 top,
                 req.return_token_ids,

@@ -11,6 +11,7 @@ from orchestrator.api.responses import Endpoint, ResponseHeader
 from orchestrator.api.tools import ToolMode
 from orchestrator.lora.adapter import LoraAdapter
 from orchestrator.messages import EngineRequest
+from orchestrator.traffic.policy import Resolved
 
 
 @dataclass(frozen=True)
@@ -86,3 +87,8 @@ class PreparedRequest:
     # stream_options continuous_usage_stats (with include_usage): every event carries its choice's usage so far.
     continuous_usage: bool = False
     options: OutputOptions = OutputOptions()
+    # What the body claims of its traffic class (orchestrator/traffic): `slo_class` and vLLM's `priority`.
+    slo_class: str | None = None
+    priority: int = 0
+    # The class and tenant it was admitted as (set at admission); None before, or with no classes configured.
+    traffic: Resolved | None = None

@@ -264,7 +264,8 @@ class _SamplingFields(_Body):
     # vLLM's extensions. The answer's id is "cmpl-"/"chatcmpl-" + request_id when given.
     request_id: str | None = None
     session_id: str | None = None  # request metadata: vLLM's scheduler reads none of it, nor does this server
-    priority: int = 0  # only 0: no engine here schedules by priority (vLLM's default server refuses others too)
+    priority: int = 0  # vLLM's: the engines' priority, lower first; taken where the request's SLO class allows it
+    slo_class: str | None = Field(default=None, max_length=64)  # the traffic class (also the x-slo-class header)
     # Log-probability tokens written "token_id:<id>" (vLLM's placeholder for text JSON cannot carry).
     return_tokens_as_token_ids: bool | None = None
     truncation_side: Literal["left", "right"] | None = None  # which end truncate_prompt_tokens cuts; left by default
@@ -338,10 +339,6 @@ class _SamplingFields(_Body):
         if self.response_format is not None and self.structured_outputs is not None:
             found.append(
                 Unsupported("structured_outputs", "response_format and structured_outputs cannot both be given")
-            )
-        if self.priority != 0:
-            found.append(
-                Unsupported("priority", f"Got priority {self.priority} but priority scheduling is not enabled.")
             )
         if self.use_beam_search:
             found.append(Unsupported("use_beam_search", "beam search is not supported by this server"))

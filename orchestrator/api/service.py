@@ -33,7 +33,8 @@ from orchestrator.api.prepared import ModelCard, PreparedRequest
 from orchestrator.api.reasoning_parsers import ReasoningParser
 from orchestrator.api.responses import Endpoint, chat_delta, chunk, role_chunk, usage, usage_chunk, whole_response
 from orchestrator.api.tool_parsers import ToolCallParser
-from orchestrator.config import LimitsConfig
+from orchestrator.api.traffic_admission import TrafficAdmission
+from orchestrator.config import LimitsConfig, TrafficConfig
 from orchestrator.engines.base import EngineRequestRejected
 from orchestrator.lora.catalog import AdapterCatalog
 from orchestrator.metrics import FrontendMetrics
@@ -41,6 +42,7 @@ from orchestrator.prompts import PromptRenderer
 from orchestrator.request_path import RequestPath
 from orchestrator.routing.shape import ShapeRouter
 from orchestrator.tracing import NOOP_TRACER, Span, Tracer
+from orchestrator.traffic.policy import DEFAULT_TENANT, TrafficPolicy, TrafficRefusal
 
 __all__ = ["CompletionService", "ModelCard"]
 
@@ -71,8 +73,13 @@ class CompletionService:
         reasoning_parser: ReasoningParser | None = None,
         tracer: Tracer = NOOP_TRACER,  # tracing off
         catalog: AdapterCatalog | None = None,  # the model's LoRA adapters; None: none
+        policy: TrafficPolicy | None = None,  # SLO classes and tenants; None: none configured
     ) -> None:
         self.model = model
+        self.policy = policy or TrafficPolicy(TrafficConfig(), gate.limit if gate is not None else 1 << 30)
+        # The class gate runs where classes or tenant limits are configured; else a request only resolves.
+        limited = any(t.max_in_flight or t.tokens_per_minute for t in self.policy.tenants.values())
+        self.traffic = TrafficAdmission(self.policy, metrics, retry_after_s) if self.policy.enabled or limited else None
         self.catalog = catalog
         self.lora_admin = LoraAdmin(catalog)
         self.tracer = tracer
@@ -91,16 +98,22 @@ class CompletionService:
         return [self.model.to_dict(), *(self.model.adapter_card(a) for a in adapters)]
 
     async def handle(
-        self, endpoint: Endpoint, raw_body: bytes, traceparent: str | None = None
+        self,
+        endpoint: Endpoint,
+        raw_body: bytes,
+        traceparent: str | None = None,
+        tenant: str = DEFAULT_TENANT,
+        slo_class: str | None = None,
     ) -> dict[str, Any] | AsyncIterator[str]:
         """A whole response body, or (for `stream: true`) an iterator of SSE events.
         Raises APIError for anything the client must fix, and 429 when the
-        frontend is at its admission limit. `traceparent`: the client's W3C trace
-        context, which the request's span continues (tracing on)."""
+        frontend, the request's SLO class or its tenant is at its limit. `traceparent`: the client's W3C trace
+        context, which the request's span continues (tracing on); `tenant`: whose API key it came with;
+        `slo_class`: the class its `x-slo-class` header names."""
         span = self.tracer.start("request", traceparent, {"endpoint": endpoint.value, "model": self.model.name})
         stage = span.child("prepare")
         try:
-            prepared, slot = await self._admit(endpoint, raw_body)
+            prepared, slot = await self._admit(endpoint, raw_body, tenant, slo_class)
         except BaseException as e:
             for s in (stage, span):
                 s.record_error(e)
@@ -119,26 +132,48 @@ class CompletionService:
                 weakref.finalize(stream, span.end)  # and ends its span
             return stream
         with _held(slot, span):
-            return await self._whole(prepared, span)
+            return await self._whole(prepared, slot, span)
 
-    async def _admit(self, endpoint: Endpoint, raw_body: bytes) -> tuple[PreparedRequest, Slot]:
-        """The prepared request and its admission slot, widened to its engine streams."""
+    async def _admit(
+        self, endpoint: Endpoint, raw_body: bytes, tenant: str, slo_class: str | None
+    ) -> tuple[PreparedRequest, Slot]:
+        """The prepared request and its admission slot, widened to its engine streams, holding its class."""
         if not self.gate.try_enter():
             raise self._at_capacity(endpoint)
         slot = Slot(self.gate)
         try:
             prepared = await self.preparer.prepare(endpoint, raw_body)
-        except APIError:
+            prepared = await self._admit_class(prepared, slot, tenant, slo_class)
+        except APIError as e:
             slot.release()
-            self.metrics.requests.labels(endpoint.value, "client_error").inc()
+            outcome = "rejected" if e.status == 429 else "client_error"
+            self.metrics.requests.labels(endpoint.value, outcome).inc()
             raise
         except BaseException:
             slot.release()
             raise
         if not slot.widen(len(prepared.choices)):  # prompts × n engine streams
+            slot.spent(0)  # nothing ran: the tenant's whole charge back
             slot.release()
             raise self._at_capacity(endpoint)
         return prepared, slot
+
+    async def _admit_class(self, p: PreparedRequest, slot: Slot, tenant: str, slo_class: str | None) -> PreparedRequest:
+        """`p` in its SLO class (its engine requests at the class's priority), once the class gate admits it."""
+        try:
+            resolved = self.policy.resolve(tenant, slo_class, p.slo_class, p.priority)
+        except TrafficRefusal as e:
+            kind = "permission_error" if e.status == 403 else "invalid_request_error"
+            raise APIError(e.status, e.message, type=kind, param=e.param, code=e.code) from None
+        if self.traffic is not None:
+            tokens = sum(len(c.request.prompt_token_ids) + c.request.sampling.max_tokens for c in p.choices)
+            slot.attach(await self.traffic.enter(resolved, len(p.choices), tokens))
+        if not self.policy.enabled:
+            return p
+        choices = p.choices
+        if resolved.engine_priority != 0:
+            choices = tuple(replace(c, request=replace(c.request, priority=resolved.engine_priority)) for c in choices)
+        return replace(p, choices=choices, traffic=resolved)
 
     def _at_capacity(self, endpoint: Endpoint) -> APIError:
         self.metrics.requests.labels(endpoint.value, "rejected").inc()
@@ -150,10 +185,13 @@ class CompletionService:
             headers={"Retry-After": str(self.retry_after_s)},
         )
 
-    def _finish(self, p: PreparedRequest, states: list[ChoiceState], span: Span) -> dict[str, Any]:
+    def _finish(self, p: PreparedRequest, states: list[ChoiceState], slot: Slot, span: Span) -> dict[str, Any]:
         self.metrics.e2e.observe(self.clock() - p.arrival)
         prompt_tokens = sum(len(ids) for ids in p.prompts)
         generated = sum(len(s.totals.token_ids) for s in states)
+        slot.spent(sum(len(c.request.prompt_token_ids) for c in p.choices) + generated)
+        if p.traffic is not None:
+            self.metrics.class_tokens.labels(p.traffic.cls.name, p.traffic.tenant.name).inc(generated)
         leads = [s for s in states if s.plan.lead]
         self.metrics.prompt_tokens.inc(prompt_tokens)
         self.metrics.generation_tokens.inc(generated)
@@ -179,7 +217,7 @@ class CompletionService:
         param = p.options.constraint_param if "grammar" in cause.lower() else None
         return bad_request(cause, param=param)
 
-    async def _whole(self, p: PreparedRequest, span: Span) -> dict[str, Any]:
+    async def _whole(self, p: PreparedRequest, slot: Slot, span: Span) -> dict[str, Any]:
         states = [ChoiceState(plan, p) for plan in p.choices]
         try:
             async for index, chunk in self.fan_out.choice_chunks(p, states, span):
@@ -193,7 +231,7 @@ class CompletionService:
         except Exception as e:
             self.metrics.requests.labels(p.endpoint.value, "server_error").inc()
             raise server_error(f"generation failed: {_cause(e)}") from None
-        usage_body = self._finish(p, states, span)
+        usage_body = self._finish(p, states, slot, span)
         chat_prompt_ids, chat_prompt_logprobs = None, None
         if p.endpoint is Endpoint.CHAT:
             chat_prompt_ids = list(p.prompts[0]) if p.options.return_token_ids else None
@@ -206,10 +244,12 @@ class CompletionService:
     async def _sse(self, p: PreparedRequest, slot: Slot, span: Span) -> AsyncIterator[str]:
         states = [ChoiceState(plan, p) for plan in p.choices]
         with _held(slot, span):
-            async for event in self._sse_events(p, states, span):
+            async for event in self._sse_events(p, states, slot, span):
                 yield event
 
-    async def _sse_events(self, p: PreparedRequest, states: list[ChoiceState], span: Span) -> AsyncIterator[str]:
+    async def _sse_events(
+        self, p: PreparedRequest, states: list[ChoiceState], slot: Slot, span: Span
+    ) -> AsyncIterator[str]:
         try:
             if p.endpoint is Endpoint.CHAT:
                 # Each choice's first chunk carries the prompt's ids and text when asked, as vLLM's.
@@ -237,7 +277,7 @@ class CompletionService:
             yield sse.event(err.body())
             yield sse.DONE
             return
-        usage_body = self._finish(p, states, span)
+        usage_body = self._finish(p, states, slot, span)
         if p.include_usage:
             yield sse.event(usage_chunk(p.endpoint, p.header, usage_body))
         yield sse.DONE

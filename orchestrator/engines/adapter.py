@@ -42,12 +42,21 @@ class EngineSpec:
     host: str  # the node address the engine binds to and advertises
     network: NetworkConfig = field(default_factory=NetworkConfig)
     publish_kv_events: bool = False
+    # Requests carry their SLO class's priority (traffic.classes configured): the engine schedules by it.
+    priority_scheduling: bool = False
 
     @classmethod
     def for_pool(cls, app: AppConfig, pool: PoolConfig, role: EngineRole, host: str) -> EngineSpec:
         """The spec of one replica of `pool` in application `app`."""
         return cls(
-            app.model, app.kv_cache, pool.engine, role, host, app.network, publish_kv_events=publishes_kv_events(app)
+            app.model,
+            app.kv_cache,
+            pool.engine,
+            role,
+            host,
+            app.network,
+            publish_kv_events=publishes_kv_events(app),
+            priority_scheduling=bool(app.traffic.classes),
         )
 
 

@@ -180,7 +180,8 @@ class SglangEngine:
         done = False
         self._stats.started()
         try:
-            result = await self._engine.async_generate(**generate_kwargs(request, rid, stream))
+            kwargs = generate_kwargs(request, rid, stream, self._spec.priority_scheduling)
+            result = await self._engine.async_generate(**kwargs)
             if not stream:
                 done = True
                 yield parse_output(result)

@@ -95,9 +95,12 @@ def rendezvous_params(request: EngineRequest) -> dict[str, Any]:
         raise EngineRequestRejected(f"KV transfer is not an SGLang rendezvous: {p!r}") from e
 
 
-def generate_kwargs(request: EngineRequest, rid: str, stream: bool) -> dict[str, Any]:
+def generate_kwargs(
+    request: EngineRequest, rid: str, stream: bool, priority_scheduling: bool = False
+) -> dict[str, Any]:
     """`Engine.async_generate(**kwargs)` for one request: token ids in (the
-    frontend tokenizes), SGLang's request id `rid`, the rendezvous if any."""
+    frontend tokenizes), SGLang's request id `rid`, the rendezvous if any, its
+    SLO class's priority where the engine schedules by priority."""
     return {
         "input_ids": list(request.prompt_token_ids),
         "sampling_params": sampling_params(request.sampling),
@@ -108,4 +111,5 @@ def generate_kwargs(request: EngineRequest, rid: str, stream: bool) -> dict[str,
         # SGLang names a loaded adapter by its name here (`lora_path`), resolved to its id by its registry.
         **({"lora_path": request.lora.name} if request.lora is not None else {}),
         **rendezvous_params(request),
+        **({"priority": request.priority} if priority_scheduling else {}),
     }

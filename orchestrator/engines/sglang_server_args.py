@@ -99,6 +99,8 @@ def server_args_kwargs(spec: EngineSpec, ports: EnginePorts) -> dict[str, Any]:
     kwargs |= {k: v for k, v in optional.items() if v is not None}
     if model.lora is not None:
         kwargs |= lora_kwargs(model.lora)
+    if spec.priority_scheduling:  # SLO classes: lower values first, vLLM's rule (SGLang's default is the reverse)
+        kwargs |= {"enable_priority_scheduling": True, "schedule_low_priority_values_first": True}
     return kwargs | dict(engine.server_args)
 
 
@@ -157,6 +159,8 @@ OWNED_SERVER_ARGS = frozenset(
         "max_lora_rank",
         "lora_target_modules",
         "max_loaded_loras",
+        "enable_priority_scheduling",
+        "schedule_low_priority_values_first",
     }
 )
 

@@ -221,6 +221,7 @@ class SimEngine:
             transfer_done_at=None if transfer_s is None else self._elapsed() + transfer_s,
             cache_salt=request.cache_salt,
             lora_name=request.lora.name if request.lora else None,
+            priority=request.priority,
         )
         stream = self._submit(sim)
         finished = False
@@ -250,6 +251,7 @@ class SimEngine:
             hold_for_transfer=True,
             cache_salt=request.cache_salt,
             lora_name=request.lora.name if request.lora else None,
+            priority=request.priority,
         )
         stream = self._submit(sim)
         try:

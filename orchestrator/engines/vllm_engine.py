@@ -134,6 +134,7 @@ OWNED_ENGINE_ARGS = frozenset(
         "max_loras",
         "max_lora_rank",
         "max_cpu_loras",
+        "scheduling_policy",
     }
 )
 
@@ -325,6 +326,7 @@ class VllmEngine:
         self._host = spec.host
         self._network = spec.network
         self._publish_kv_events = spec.publish_kv_events
+        self._priority_scheduling = spec.priority_scheduling
         lora = spec.model.lora
         self._stats = _StatsSink((lora.max_cpu_loras or lora.max_loras) if lora is not None else 0)
         self._llm: Any = None
@@ -381,6 +383,8 @@ class VllmEngine:
             "enforce_eager": cfg.enforce_eager,
             "kv_transfer_config": kv_transfer,
             "kv_events_config": KVEventsConfig(**kv_events) if kv_events else None,
+            # SLO classes: the request's priority orders the waiting queue and picks who is preempted.
+            "scheduling_policy": "priority" if self._priority_scheduling else "fcfs",
             **{k: v for k, v in optional.items() if v is not None},
         }
         return owned
@@ -489,6 +493,8 @@ class VllmEngine:
         # The frontend's trace context, where this engine exports traces (vLLM drops it, warning, where not).
         traced = request.trace_context is not None and self._engine_cfg.engine_args.get("otlp_traces_endpoint")
         extra = {"trace_headers": {"traceparent": request.trace_context}} if traced else {}
+        if self._priority_scheduling:
+            extra["priority"] = request.priority
         if request.lora is not None:
             await self._adapters.ensure(request.lora)
             extra["lora_request"] = _lora_request(request.lora)

@@ -4,10 +4,11 @@ as vLLM's v1 scheduler does it, timed by a performance model.
     each step:
       running requests first: one decode token each, or their next prompt
         chunk, within the step's token budget;
-      then waiting requests, oldest first, while blocks and budget last
-        (their cached prefix costs nothing);
+      then waiting requests, by priority (lower first), oldest first, while
+        blocks and budget last (their cached prefix costs nothing);
       a running request that needs a block when none is free preempts the
-        newest running request (its blocks freed, it recomputes later);
+        running request of the largest priority value, the newest among them
+        (its blocks freed, it recomputes later);
       the step lasts perf_model.step_time(batch).
 
 Output tokens are a deterministic function of the context (its last
@@ -54,6 +55,7 @@ class SimRequest:
     hold_for_transfer: bool = False  # prefill role: keep KV after the first token
     cache_salt: str | None = None  # vLLM's: the prompt's cached blocks are keyed under it
     lora_name: str | None = None  # the adapter it runs with: its cached blocks are keyed under it
+    priority: int = 0  # its SLO class's: lower is scheduled first and preempted last (vLLM's priority policy)
     transfer_done_at: float | None = None  # decode of a remote prefill: KV arrives then
     state: State = State.WAITING
     seq: SequenceBlocks | None = None
@@ -143,7 +145,23 @@ class SimCore:
             req.state = State.TRANSFERRING
             self.transferring.append(req)
         else:
+            self._wait(req)
+
+    def _wait(self, req: SimRequest, first: bool = False) -> None:
+        """Into the waiting queue, after every request of its priority or less (`first`: before those of its
+        priority); with equal priorities, the back (the front)."""
+        if first and (not self.waiting or self.waiting[0].priority >= req.priority):
+            self.waiting.appendleft(req)
+            return
+        if not first and (not self.waiting or self.waiting[-1].priority <= req.priority):
             self.waiting.append(req)
+            return
+        i = len(self.waiting)
+        while i and (
+            self.waiting[i - 1].priority > req.priority or (first and self.waiting[i - 1].priority == req.priority)
+        ):
+            i -= 1
+        self.waiting.insert(i, req)
 
     def abort(self, request_id: str) -> None:
         req = self.requests.pop(request_id, None)
@@ -278,12 +296,12 @@ class SimCore:
         request goes back to waiting, to recompute its prompt and the tokens
         it had (vLLM's recompute preemption), until the slot fits."""
         while not self.blocks.append_slot(req.seq, token):
-            victim = self.running[-1]
+            victim = max(reversed(self.running), key=lambda r: r.priority)  # the newest of the largest value
             self.running.remove(victim)
             self.blocks.free(victim.seq)
             victim.state, victim.seq = State.WAITING, None
             victim.preemptions += 1
-            self.waiting.appendleft(victim)
+            self._wait(victim, first=True)
             if victim is req:
                 return  # it recomputes its context, the emitted token included, then goes on
 

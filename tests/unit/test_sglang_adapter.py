@@ -438,6 +438,19 @@ def test_generate_kwargs_carry_the_rendezvous(sglang_code):
     assert "rid" in sglang_code["abort_request"]  # TokenizerManager.abort_request(rid=...)
 
 
+def test_slo_classes_reach_sglang_as_its_priority_lower_values_first(sglang_code):
+    """With classes (priority scheduling), each request carries its class's priority and the server schedules
+    lower values first, vLLM's rule (SGLang's own default is the reverse); without, neither is sent."""
+    request = replace(_request(), priority=10)
+    kwargs = generate_kwargs(request, "r", stream=True, priority_scheduling=True)
+    assert kwargs["priority"] == 10 and set(kwargs) <= set(sglang_code["async_generate"])
+    assert "priority" not in generate_kwargs(request, "r", stream=True)
+    spec = EngineSpec(MODEL, KV, ENGINE, EngineRole.DECODE, "10.0.0.6", NetworkConfig(), priority_scheduling=True)
+    args = server_args_kwargs(spec, EnginePorts(server=31001))
+    assert args["enable_priority_scheduling"] is True and args["schedule_low_priority_values_first"] is True
+    assert "enable_priority_scheduling" not in SERVER_ARGS["decode"]
+
+
 def test_a_transfer_that_is_no_rendezvous_is_rejected():
     vllm_style = KVTransfer("e", 1, 9, {"remote_block_ids": [[1]]})
     with pytest.raises(EngineRequestRejected, match="rendezvous"):
@@ -791,6 +804,7 @@ def test_server_args_may_not_override_what_the_adapter_sets():
             EngineRole.DECODE,
             "h",
             NetworkConfig(),
+            priority_scheduling=True,
         ),
         EnginePorts(server=1),
     )

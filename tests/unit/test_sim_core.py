@@ -107,3 +107,25 @@ def test_roofline_is_in_the_published_range_for_llama_8b_on_h100():
     assert 0.02 < prefill_1k < 0.06
     assert 0.005 < itl_batch1 < 0.01
     assert itl_batch1 < itl_batch64 < 0.02
+
+
+def test_waiting_requests_run_by_priority_and_the_largest_value_is_preempted_first():
+    """vLLM's priority policy: one running slot, three waiting; the lowest value runs first, equal values in
+    arrival order. Out of blocks, the running request of the largest value gives its blocks back."""
+    core = SimCore(FlatPerf(), num_blocks=64, block_size=BS, max_num_seqs=1)
+    for name, priority in (("batch1", 10), ("chat", 0), ("batch2", 10)):
+        core.add(SimRequest(name, prompt(16, seed=len(name)), 2, priority=priority))
+    order = []
+    while core.has_work():
+        for e in core.step().emitted:
+            if e.finished:
+                order.append(e.request_id)
+    assert order == ["chat", "batch1", "batch2"]
+
+    tight = SimCore(FlatPerf(), num_blocks=6, block_size=BS)
+    reqs = [SimRequest("batch", prompt(40, seed=1), 40, priority=10), SimRequest("chat", prompt(40, seed=2), 40)]
+    for r in reqs:
+        tight.add(r)
+    out = drain(tight)
+    assert tight.requests == {} and len(out["chat"]) == 40 and len(out["batch"]) == 40
+    assert [r.preemptions for r in reqs] != [0, 0] and reqs[1].preemptions == 0  # only batch gave way

@@ -1,0 +1,1 @@
+"""SLO classes and tenants: what a request claims, what it may have, and when it is admitted."""
