@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from benchmarks.summary import lora_rows, planner_rows, routing_rows, serving_rows, simulator_rows
+from benchmarks.summary import lora_rows, planner_rows, routing_rows, serving_rows, simulator_rows, slo_rows
 from benchmarks.summary.row import Row
 
 
@@ -13,4 +13,5 @@ def rows() -> list[Row]:
         *simulator_rows.rows(),
         *planner_rows.rows(),
         *lora_rows.rows(),
+        *slo_rows.rows(),
     ]
