@@ -946,10 +946,6 @@ class SloClassConfig(_Strict):
         "(a larger value); a higher one is a 403. False: a `priority` other than the class's is a 400.",
     )
 
-    @property
-    def best_effort(self) -> bool:
-        return self.ttft_p99_ms is None and self.itl_p50_ms is None
-
     @model_validator(mode="after")
     def _check(self) -> SloClassConfig:
         if (self.ttft_p99_ms is None) != (self.itl_p50_ms is None):
@@ -1004,9 +1000,6 @@ class TrafficConfig(_Strict):
         description="A tenant that sent a request this recently is active: a class at its limit keeps room for "
         "the fair share of each active tenant.",
     )
-
-    def class_named(self, name: str) -> SloClassConfig | None:
-        return next((c for c in self.classes if c.name == name), None)
 
     @model_validator(mode="after")
     def _check(self) -> TrafficConfig:
