@@ -1,5 +1,6 @@
 """The class gate (orchestrator/traffic/gate.py) in the event loop: a queued request waits on a future that
-a departure or its deadline settles; every decision counted by class and tenant.
+a departure, the gate's next event (a deadline, a contention window lapsing) or its own arrival (it may fit
+where the queue's head does not) settles; every decision counted by class and tenant.
 
     enter(resolved, streams, tokens) -> ClassSlot   (429 in OpenAI's shape, Retry-After, when refused)
     ClassSlot.spent(tokens); ClassSlot.release()     (the unused charge refunded; queued requests admitted)
@@ -67,8 +68,9 @@ class TrafficAdmission:
     async def _wait(self, ticket: Ticket) -> ClassSlot:
         waiter: asyncio.Future[Reason | None] = asyncio.get_running_loop().create_future()
         self._waiters[ticket] = waiter
-        self._arm()
         queued_at = self.clock()
+        self._settle(self.gate.drain(queued_at))
+        self._arm()
         try:
             reason = await waiter
         except asyncio.CancelledError:  # the client went away while queued
@@ -95,21 +97,24 @@ class TrafficAdmission:
             self._streams_changed(t)
 
     def _arm(self) -> None:
-        """One timer, at the earliest queued deadline."""
+        """One timer, at the gate's next event."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        deadline = self.gate.next_deadline()
+        now = self.clock()
+        deadline = self.gate.next_event(now)
         if deadline is not None:
-            delay = max(0.0, deadline - self.clock())
+            delay = max(0.0, deadline - now)
             self._timer = asyncio.get_running_loop().call_later(delay, self._on_deadline)
 
     def _on_deadline(self) -> None:
         self._timer = None
-        for t in self.gate.expire(self.clock()):
+        now = self.clock()
+        for t in self.gate.expire(now):
             waiter = self._waiters.pop(t, None)
             if waiter is not None and not waiter.done():
                 waiter.set_result(Reason.QUEUE_DEADLINE)
+        self._settle(self.gate.drain(now))
         self._arm()
 
     def _streams_changed(self, t: Ticket) -> None:

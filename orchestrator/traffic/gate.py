@@ -10,9 +10,11 @@
       C's streams + the ticket's <= C.max_streams, and
       beyond T's weighted share of C.max_streams among C's active tenants, the room the others' shares
       still need stays free (a flooding tenant cannot take what a quieter one is owed)
-    leave(ticket) / expire(now): streams given back; queued tickets admitted, the classes that run first
-      first; within a class the tenant served the fewest tokens per weight first (virtual token counter),
-      then the earliest deadline
+    drain(now): queued tickets admitted where room is, the classes that run first first; within a class
+      the tenant served the fewest tokens per weight first (virtual token counter), then the earliest
+      deadline. leave and withdraw drain; the caller drains after a ticket queues (it may fit past a head
+      that does not) and at `next_event` (a deadline, or a tenant's contention window lapsing, which
+      frees the share it was owed)
 
 A class's `max_streams` is what it may hold; what it may not is kept for the others: classes with a
 lower cap are shed first under pressure. Streams are engine streams (prompts x n)."""
@@ -105,7 +107,7 @@ class ClassGate:
         assert self.class_streams[c] >= 0 and self.tenant_requests[tn] >= 0, "left more often than admitted"
         if unused_tokens > 0:
             self._refund(t, unused_tokens, now, served=True)
-        return self._drain(now)
+        return self.drain(now)
 
     def withdraw(self, t: Ticket, now: float) -> list[Ticket]:
         """A queued ticket whose client went away; the tickets this admits."""
@@ -114,7 +116,7 @@ class ClassGate:
             queue.remove(t)
             self.tenant_requests[t.tenant.name] -= 1
             self._refund(t, t.tokens, now)
-        return self._drain(now)
+        return self.drain(now)
 
     def expire(self, now: float) -> list[Ticket]:
         """Queued tickets past their deadline, taken out (each is a 429 with Retry-After)."""
@@ -127,8 +129,17 @@ class ClassGate:
                 gone.append(t)
         return gone
 
-    def next_deadline(self) -> float | None:
-        return min((t.deadline for q in self.queues.values() for t in q), default=None)
+    def next_event(self, now: float) -> float | None:
+        """When the queues may next change without a request coming or going: the earliest queued deadline,
+        or the earliest lapse after `now` of a contention window that holds room for a tenant of a class with
+        a queue (None: nothing queued)."""
+        queued = {c for c, q in self.queues.items() if q}
+        if not queued:
+            return None
+        deadlines = [t.deadline for c in queued for t in self.queues[c]]
+        window = self.policy.contention_window_s
+        lapses = [seen + window for (c, _), seen in self.last_seen.items() if c in queued and seen + window > now]
+        return min(deadlines + lapses)
 
     # -- rules --------------------------------------------------------------------
 
@@ -164,12 +175,13 @@ class ClassGate:
     def _active(self, c: str, tenant: str, now: float) -> set[str]:
         """Tenants of class `c` holding streams, queued, or seen within the contention window; `tenant` included."""
         window = self.policy.contention_window_s
-        active = {tn for (cc, tn), seen in self.last_seen.items() if cc == c and now - seen <= window}
+        active = {tn for (cc, tn), seen in self.last_seen.items() if cc == c and now - seen < window}
         active |= {tn for (cc, tn), held in self.held.items() if cc == c and held > 0}
         active |= {q.tenant.name for q in self.queues[c]}
         return active | {tenant}
 
-    def _drain(self, now: float) -> list[Ticket]:
+    def drain(self, now: float) -> list[Ticket]:
+        """The queued tickets admitted now (the module's docstring)."""
         admitted = []
         for c in self.policy.by_priority():
             queue = self.queues[c.name]

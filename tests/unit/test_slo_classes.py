@@ -11,9 +11,11 @@ import pytest
 from pydantic import ValidationError
 
 from orchestrator.api.responses import Endpoint
+from orchestrator.api.traffic_admission import TrafficAdmission
 from orchestrator.config import TrafficConfig
+from orchestrator.metrics import FrontendMetrics
 from orchestrator.traffic.gate import ClassGate, Outcome, Reason, Ticket
-from orchestrator.traffic.policy import TrafficPolicy, TrafficRefusal
+from orchestrator.traffic.policy import Resolved, TrafficPolicy, TrafficRefusal
 from tests.factories import MODEL, FakePool, make_frontend, run
 from tests.unit.test_api_limits import _post
 
@@ -122,7 +124,7 @@ def test_best_effort_waits_in_a_bounded_queue_admitted_as_room_frees_or_refused_
     full = gate.offer(_ticket(p, "batch"), 0.2)
     assert (full.outcome, full.reason) == (Outcome.REJECTED, Reason.CLASS_FULL)  # the queue's bound: at once
     assert gate.leave(held[0], 1.0) == [queued[0]]  # the earliest deadline first
-    assert gate.next_deadline() == pytest.approx(5.1)
+    assert gate.next_event(1.0) == pytest.approx(5.1)
     assert gate.expire(5.0) == [] and gate.expire(5.1) == [queued[1]]
     assert gate.tenant_requests["default"] == 2 and gate.class_streams["batch"] == 2
 
@@ -185,6 +187,55 @@ def test_a_flood_cannot_fill_the_queue_a_quieter_tenant_of_its_class_needs():
     flood = [gate.offer(_ticket(p, "c", "flood"), 0.1).outcome for _ in range(4)]
     assert flood == [Outcome.QUEUED, Outcome.QUEUED, Outcome.REJECTED, Outcome.REJECTED]  # its 2 of 4 places
     assert gate.leave(held[0], 0.2) == [quiet]  # served fewest tokens: first out
+
+
+def test_a_queued_ticket_runs_when_the_share_it_waited_on_lapses_or_past_a_head_that_does_not_fit():
+    """Class of 2 streams and a queue. The quiet tenant's last request keeps a stream owed to it for the
+    contention window: the flood's second request queues. A quiet request arriving behind it fits, and runs
+    at once past the flood's; the flood's runs when quiet's window lapses, with no request coming or going
+    (the gate's next event, which the shell's timer waits for)."""
+    p = _two_tenants({"name": "c", "max_streams": 2, "queue_size": 4, "queue_wait_s": 60})
+    gate = ClassGate(p)
+    earlier = _ticket(p, "c", "quiet")
+    assert gate.offer(earlier, 0).outcome is Outcome.ADMITTED
+    gate.leave(earlier, 0.5)
+    first = _ticket(p, "c", "flood")
+    assert gate.offer(first, 1).outcome is Outcome.ADMITTED  # its share of 2
+    over = _ticket(p, "c", "flood")
+    assert gate.offer(over, 1).outcome is Outcome.QUEUED and gate.drain(1) == []  # the free stream is quiet's
+    quiet = _ticket(p, "c", "quiet")
+    assert gate.offer(quiet, 2).outcome is Outcome.QUEUED  # behind the flood's, which does not fit
+    assert gate.drain(2) == [quiet]
+    gate.leave(quiet, 3)
+    assert gate.next_event(3) == pytest.approx(11.0)  # the flood's own window (it still holds a stream)
+    assert gate.drain(11.0) == []
+    assert gate.next_event(11.0) == pytest.approx(12.0)  # quiet last seen at 2, a window of 10 s
+    assert gate.drain(11.9) == [] and gate.drain(12.0) == [over]
+    assert gate.next_event(12.0) is None
+
+
+def test_in_the_event_loop_a_request_that_fits_past_the_queues_head_runs_at_once():
+    p = _two_tenants({"name": "c", "max_streams": 2, "queue_size": 4, "queue_wait_s": 60})
+    now = [0.0]
+    admission = TrafficAdmission(p, FrontendMetrics(), clock=lambda: now[0])
+    flood, quiet = (Resolved(p.classes["c"], p.tenants[t], 0) for t in ("flood", "quiet"))
+
+    async def go():
+        (await admission.enter(quiet, 1, 10)).release()  # quiet is active for its window: a stream owed
+        now[0] = 1.0
+        held = await admission.enter(flood, 1, 10)
+        over = asyncio.create_task(admission.enter(flood, 1, 10))  # past its share: queued
+        await asyncio.sleep(0)
+        now[0] = 2.0
+        slot = await asyncio.wait_for(admission.enter(quiet, 1, 10), 1.0)  # behind it in the queue, but fits
+        queued = [t.tenant.name for t in admission.gate.queues["c"]]
+        slot.release()
+        held.release()  # room for the flood's queued request
+        (await over).release()
+        return queued
+
+    assert run(go()) == ["flood"]
+    assert admission.gate.class_streams["c"] == 0 and admission.gate.queues["c"] == []
 
 
 def test_the_queue_serves_tenants_by_tokens_per_weight_not_by_requests():
