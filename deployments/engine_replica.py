@@ -17,6 +17,7 @@ from orchestrator.engines import create_engine
 from orchestrator.engines.base import EngineRole, EngineStats
 from orchestrator.engines.ports import listen_port
 from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
+from orchestrator.planner.levels import priority_levels
 from orchestrator.planner.observer import ReplicaLoadWindow
 from orchestrator.wire.server import StreamServer
 
@@ -46,7 +47,11 @@ class EngineReplica:
         self.engine = create_engine(app, pool, self.role, host)
         # What the SLA planner observes of this replica; None (nothing recorded) with the planner off.
         self.window = (
-            ReplicaLoadWindow(app.planner.interval_s, peak_window_s=app.planner.peak_window_s)
+            ReplicaLoadWindow(
+                app.planner.interval_s,
+                peak_window_s=app.planner.peak_window_s,
+                levels=[level.priority for level in priority_levels(app.traffic.classes)],
+            )
             if app.planner.mode is not PlannerMode.OFF
             else None
         )
@@ -68,8 +73,8 @@ class EngineReplica:
         window, start = self.window, time.monotonic()
         # Queued in this replica until its first token, or until the stream
         # ends any other way (error, client gone: the finally).
-        asked = request.sampling.max_tokens
-        key = window.arrived(len(request.prompt_token_ids), asked)
+        asked, priority = request.sampling.max_tokens, request.priority
+        key = window.arrived(len(request.prompt_token_ids), asked, priority)
         first, last, outputs, cached = None, start, 0, 0
         try:
             async for chunk in self.engine.generate(request):
@@ -82,10 +87,10 @@ class EngineReplica:
                         # Prompts prefilled elsewhere count their cache hits there.
                         cached = chunk.num_cached_tokens if request.kv_transfer is None else 0
                     else:
-                        window.token_gap((now - last) / n)
+                        window.token_gap((now - last) / n, priority)
                     last, outputs = now, outputs + n
                 yield chunk
-            window.finished(outputs, cached, first, asked)
+            window.finished(outputs, cached, first, asked, priority)
         finally:
             window.closed(key)
 
@@ -93,12 +98,12 @@ class EngineReplica:
         if self.window is None:
             return dataclasses.replace(await self.engine.prefill(request), replica_id=self.replica_id)
         window, start = self.window, time.monotonic()
-        key = window.arrived(len(request.prompt_token_ids))  # queued until the prefill returns, however
+        key = window.arrived(len(request.prompt_token_ids), priority=request.priority)  # queued until it returns
         try:
             result = await self.engine.prefill(request)
         finally:
             window.closed(key)
-        window.finished(0, result.num_cached_tokens, time.monotonic() - start)
+        window.finished(0, result.num_cached_tokens, time.monotonic() - start, priority=request.priority)
         return dataclasses.replace(result, replica_id=self.replica_id)
 
     # -- reports --------------------------------------------------------------

@@ -738,6 +738,14 @@ class PlannerConfig(_Strict):
         description="Bounds of the decode pool's replica count while the planner runs (advisory or act).",
     )
     max_gpus: PositiveInt | None = Field(default=None, description="GPU budget shared by both pools; None: no cap")
+    best_effort_share: float = Field(
+        default=0.0,
+        ge=0.0,
+        le=1.0,
+        description="With traffic.classes: the most a pool grows for best-effort classes' load, as a share of its "
+        "budget (planner.max_gpus where set, else the pool's max_replicas). 0: best effort only fills what the SLO "
+        "classes leave.",
+    )
     budget_priority: Literal["decode", "prefill"] = Field(
         default="decode",
         description="The pool served first when the GPU budget binds: decode (ITL breaks every "
@@ -1154,8 +1162,11 @@ class AppConfig(_Strict):
                 "handles only: set frontend.data_plane: serve with it"
             )
         if self.planner.mode is not PlannerMode.OFF:
-            if self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None:
-                raise ValueError("planner.mode needs both sla.ttft_p99_ms and sla.itl_p50_ms")
+            slo_class = any(c.ttft_p99_ms is not None for c in self.traffic.classes)
+            if not slo_class and (self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None):
+                raise ValueError(
+                    "planner.mode needs both sla.ttft_p99_ms and sla.itl_p50_ms, or a traffic class with targets"
+                )
             if self.pool_groups:
                 raise ValueError(
                     "the SLA planner sizes the primary pools only: planner.mode must be off when "

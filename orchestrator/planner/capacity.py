@@ -15,12 +15,26 @@ measured profile, or the roofline of a simulated GPU).
              instead of nothing: rho_max = 2(T - s) / (2(T - s) + f b s),
              T the p99 target, f the factor (the same as the mean rule's
              while s is small against T).
+    prefill by priority (SLO classes: the engines take waiting prompts by
+             priority, but a prompt already being computed keeps its token
+             budget, so a lower level's prompts in service delay a higher
+             level's, and a prompt of a higher level never waits behind a
+             lower level's queue): level k needs the replicas the `wait`
+             rule gives the prompts of the levels up to k held to k's
+             target, plus the replicas the lower levels' prompts keep busy
+             (their work, rate x service time, in full: no headroom of
+             theirs is shared); the pool the most any SLO level needs. With
+             one level it is the `wait` rule.
     decode   the largest batch b whose step time at context `ctx` stays within
              the ITL target and whose KV fits the replica:
              capacity = b / step_time(b)  output tokens per second
 """
 
 from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from orchestrator.sim.perf_model import Batch, PerfModel
 
@@ -48,6 +62,39 @@ def prefill_capacity(
     slack = budget - s
     rho_max = 2 * slack / (2 * slack + factor * burstiness * s)
     return rho_max * max(uncached_tokens, 1.0) / s
+
+
+@dataclass(frozen=True)
+class PromptLevel:
+    """One priority level's prompts: per second, uncached tokens each, and the TTFT p99 target (None: none)."""
+
+    rate: float
+    uncached_tokens: float
+    ttft_target_s: float | None
+
+
+def priority_prefill_need(
+    perf: PerfModel, levels: Sequence[PromptLevel], queueing_factor: float, burstiness: float = 1.0
+) -> float:
+    """Replicas (fractional) that hold every level with a target within it, `levels` highest priority first
+    (the module's docstring; inf: no count holds one, 0: no level with a target or no load)."""
+    need = 0.0
+    for k, level in enumerate(levels):
+        if level.ttft_target_s is None:
+            continue
+        upto, below = levels[: k + 1], levels[k + 1 :]
+        rate = sum(v.rate for v in upto)
+        if rate <= 0:
+            continue
+        tokens = sum(v.rate * v.uncached_tokens for v in upto) / rate
+        capacity = prefill_capacity(
+            perf, tokens, level.ttft_target_s, queueing_factor, burstiness, factor_on_wait_only=True
+        )
+        if capacity <= 0:
+            return math.inf
+        busy = sum(v.rate * prefill_service_s(perf, v.uncached_tokens) for v in below if v.rate > 0)
+        need = max(need, rate * tokens / capacity + busy)
+    return need
 
 
 def decode_batch_limit(

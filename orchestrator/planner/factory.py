@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from orchestrator.config import AppConfig, PlannerMode
 from orchestrator.engines import engine_adapter
+from orchestrator.planner.levels import priority_levels
 from orchestrator.planner.planner import SlaPlanner
 
 
 def make_planner(app: AppConfig) -> SlaPlanner:
     """The planner for an application: the profile it names, else the decode
-    pool's engine's own performance model (the simulated engine's)."""
+    pool's engine's own performance model (the simulated engine's); with SLO
+    classes, sized by their priority levels."""
     from orchestrator.sim.perf_model import ProfileModel
 
     engine = app.decode_pool.engine
@@ -36,4 +38,5 @@ def make_planner(app: AppConfig) -> SlaPlanner:
         disaggregated=app.prefill_pool is not None,
         initial=(prefill, app.decode_pool.replicas),
         acting=app.planner.mode is PlannerMode.ACT,
+        levels=priority_levels(app.traffic.classes),
     )

@@ -19,6 +19,7 @@ latest `ReplicaReport` of every serving replica of each pool.
     recent          the decode pool's prompt tokens/s over its newest RECENT_BUCKETS peak buckets
     reports         per pool, how many reports made it (0 with replicas in force: a metrics gap)
     in force        per pool, the replicas asked for, starting or serving (None: not known)
+    levels          per engine priority the replicas recorded by (levels.observe_levels)
 
 Ray Serve's policy (deployments/planner_policy.py) reads the reports from
 the replicas' custom autoscaling metrics; the cluster simulator
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from orchestrator.planner.levels import observe_levels
 from orchestrator.planner.observer import (
     ReplicaReport,
     pool_peak_prompt_tps,
@@ -93,6 +95,7 @@ def observe_pools(
         decode_reports=len(decode),
         prefill_in_force=prefill_in_force,
         decode_in_force=decode_in_force,
+        levels=observe_levels([r.levels for r in prefill], [r.levels for r in decode]),
     )
 
 

@@ -15,6 +15,9 @@ and at the snapshot:
   prompt tokens that arrived in each of the last complete `peak_window_s`
   buckets, and the most prompt tokens/s over one of them.
 A latency with no sample in the window is reported as -1 (metrics are floats).
+With `levels` (the SLO classes' engine priorities), the report also carries one
+LevelReport per level (orchestrator/planner/levels.py): the planner sizes each
+SLO class's level to its own targets.
 
 Buckets are aligned on the clock's epoch (bucket k is [k w, (k + 1) w)), and
 the clock is wall time by default, so that the replicas of a pool, each
@@ -33,7 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MISSING = -1.0
+from orchestrator.planner.levels import MISSING, LevelReport, level_of
+
 MAX_BUCKETS = 60  # reported buckets per snapshot at most (metrics are one key each)
 BUCKET_KEY = "prompt_tokens_bucket_"  # + j: prompt tokens in bucket `bucket_now - j` (j = 1 the last complete one)
 
@@ -63,6 +67,7 @@ class ReplicaReport:
     peak_prompt_tps: float | None = None  # the most prompt tokens/s over one complete bucket
     bucket_now: float | None = None  # index of the bucket `now` is in, on the shared clock
     buckets: tuple[float, ...] = ()  # prompt tokens per bucket, j = 1 the last complete one
+    levels: tuple[LevelReport, ...] = ()  # per engine priority seen (none: not recorded by priority)
 
     _LATENCIES = ("first_token_p99_s", "itl_p50_s")
     _SCALARS = (
@@ -87,6 +92,8 @@ class ReplicaReport:
         out = {k: float(getattr(self, k)) for k in self._SCALARS if getattr(self, k) is not None}
         out.update({k: MISSING if getattr(self, k) is None else float(getattr(self, k)) for k in self._LATENCIES})
         out.update({f"{BUCKET_KEY}{j}": float(n) for j, n in enumerate(self.buckets, start=1)})
+        for index, level in enumerate(self.levels):
+            out.update(level.to_metrics(index))
         return out
 
     @classmethod
@@ -103,6 +110,7 @@ class ReplicaReport:
             values[k] = v if v is not None and v > MISSING else None
         buckets = {int(k[len(BUCKET_KEY) :]): v for k, v in metrics.items() if k.startswith(BUCKET_KEY)}
         values["buckets"] = tuple(buckets[j] for j in range(1, len(buckets) + 1) if j in buckets)
+        values["levels"] = LevelReport.all_from_metrics(metrics)
         return cls(**values)
 
 
@@ -111,7 +119,9 @@ class ReplicaLoadWindow:
     their peak buckets to line up. `peak_window_s`: the width w of a peak
     bucket; the replica reports its last n = max(1, span_s // w) complete
     buckets, plus one more, so that the controller can line up replicas
-    whose latest reports straddle a bucket boundary."""
+    whose latest reports straddle a bucket boundary. `levels`: the engine
+    priorities whose arrivals, lengths and latencies it reports apart too,
+    each in every report."""
 
     def __init__(
         self,
@@ -119,6 +129,7 @@ class ReplicaLoadWindow:
         clock: Callable[[], float] = time.time,
         max_samples: int = 100_000,
         peak_window_s: float = 2.0,
+        levels: Sequence[int] = (),
     ) -> None:
         if span_s <= 0 or peak_window_s <= 0:
             raise ValueError("span_s and peak_window_s must be positive")
@@ -126,21 +137,23 @@ class ReplicaLoadWindow:
         self.peak_window_s = peak_window_s
         self.peak_buckets = min(max(int(span_s // peak_window_s), 1), MAX_BUCKETS)
         self._clock = clock
-        # (t, prompt tokens, max_tokens)
-        self._arrivals: deque[tuple[float, int, int]] = deque(maxlen=max_samples)
-        # (t, out, cached, first, max_tokens)
-        self._finished: deque[tuple[float, int, int, float, int]] = deque(maxlen=max_samples)
-        self._gaps: deque[tuple[float, float]] = deque(maxlen=max_samples)  # (t, seconds between tokens)
+        self.levels = tuple(sorted(levels))
+        # (t, prompt tokens, max_tokens, priority)
+        self._arrivals: deque[tuple[float, int, int, int]] = deque(maxlen=max_samples)
+        # (t, out, cached, first, max_tokens, priority)
+        self._finished: deque[tuple[float, int, int, float, int, int]] = deque(maxlen=max_samples)
+        self._gaps: deque[tuple[float, float, int]] = deque(maxlen=max_samples)  # (t, seconds between tokens, priority)
         self._keys = itertools.count()
         self._pending: dict[int, int] = {}  # key -> prompt tokens of a request with no first token yet
         self._open: set[int] = set()  # keys of the requests here (arrived, not closed)
         self._queued_tokens = 0
 
-    def arrived(self, prompt_tokens: int, max_tokens: int = 0) -> int:
-        """A request reached the replica, asking for up to `max_tokens` output
-        tokens (0: not known). Its prompt tokens count as queued until
-        `prompt_done` with the key returned here; it is here until `closed`."""
-        self._arrivals.append((self._clock(), prompt_tokens, max_tokens))
+    def arrived(self, prompt_tokens: int, max_tokens: int = 0, priority: int = 0) -> int:
+        """A request of engine `priority` reached the replica, asking for up to
+        `max_tokens` output tokens (0: not known). Its prompt tokens count as
+        queued until `prompt_done` with the key returned here; it is here until
+        `closed`."""
+        self._arrivals.append((self._clock(), prompt_tokens, max_tokens, priority))
         key = next(self._keys)
         self._pending[key] = prompt_tokens
         self._open.add(key)
@@ -157,14 +170,19 @@ class ReplicaLoadWindow:
         self.prompt_done(key)
         self._open.discard(key)
 
-    def token_gap(self, seconds: float) -> None:
-        self._gaps.append((self._clock(), seconds))
+    def token_gap(self, seconds: float, priority: int = 0) -> None:
+        self._gaps.append((self._clock(), seconds, priority))
 
     def finished(
-        self, output_tokens: int, cached_tokens: int, first_token_s: float | None, max_tokens: int = 0
+        self,
+        output_tokens: int,
+        cached_tokens: int,
+        first_token_s: float | None,
+        max_tokens: int = 0,
+        priority: int = 0,
     ) -> None:
         first = MISSING if first_token_s is None else first_token_s
-        self._finished.append((self._clock(), output_tokens, cached_tokens, first, max_tokens))
+        self._finished.append((self._clock(), output_tokens, cached_tokens, first, max_tokens, priority))
 
     def report(self, waiting: int = 0) -> ReplicaReport:
         """May run on another thread than the recording calls (Serve runs a
@@ -182,13 +200,15 @@ class ReplicaLoadWindow:
             while samples and samples[0][0] < horizon:
                 samples.popleft()
         all_arrivals = list(self._arrivals)
-        arrived = [(p, m) for t, p, m in all_arrivals if t >= since]
+        arrived = [(p, m) for t, p, m, _ in all_arrivals if t >= since]
         arrivals = [p for p, _ in arrived]
-        finished = [(o, c, f, m) for t, o, c, f, m in list(self._finished) if t >= since]
-        gaps = [g for t, g in list(self._gaps) if t >= since]
+        finished_all = [s for s in list(self._finished) if s[0] >= since]
+        finished = [(o, c, f, m) for _, o, c, f, m, _ in finished_all]
+        gaps_all = [s for s in list(self._gaps) if s[0] >= since]
+        gaps = [g for _, g, _ in gaps_all]
         firsts = [f for _, _, f, _ in finished if f >= 0]
         prompt = sum(arrivals)
-        for t, p, _ in all_arrivals:
+        for t, p, _, _ in all_arrivals:
             j = current - math.floor(t / w)
             if 1 <= j <= len(buckets):
                 buckets[j - 1] += p
@@ -212,7 +232,33 @@ class ReplicaLoadWindow:
             peak_prompt_tps=max(buckets[: self.peak_buckets]) / w,
             bucket_now=float(current),
             buckets=tuple(float(n) for n in buckets),
+            levels=self._levels([a for a in all_arrivals if a[0] >= since], finished_all, gaps_all)
+            if self.levels
+            else (),
         )
+
+    def _levels(self, arrivals: list, finished: list, gaps: list) -> tuple[LevelReport, ...]:
+        """One LevelReport per configured level, each sample in its level (`level_of`)."""
+        by: list[tuple[list, list, list]] = [([], [], []) for _ in self.levels]
+        for kind, samples in enumerate((arrivals, finished, gaps)):
+            for sample in samples:
+                by[level_of(self.levels, sample[-1])][kind].append(sample)
+        out = []
+        for priority, (came, done, gap) in zip(self.levels, by):
+            firsts = [f for _, _, _, f, _, _ in done if f >= 0]
+            out.append(
+                LevelReport(
+                    priority,
+                    arrival_rate=len(came) / self.span_s,
+                    mean_isl=float(np.mean([p for _, p, _, _ in came])) if came else 0.0,
+                    mean_max_tokens=_mean_known(m for _, _, m, _ in came),
+                    finished=float(len(done)),
+                    mean_osl=float(np.mean([o for _, o, _, _, _, _ in done])) if done else 0.0,
+                    first_token_p99_s=float(np.quantile(firsts, 0.99)) if firsts else None,
+                    itl_p50_s=float(np.median([g for _, g, _ in gap])) if gap else None,
+                )
+            )
+        return tuple(out)
 
     def snapshot(self, waiting: int = 0) -> dict[str, float]:
         """The report as Serve's custom autoscaling metrics (flat floats)."""

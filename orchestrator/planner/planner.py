@@ -51,6 +51,25 @@
                (a p99 over one interval is noisy, and a burst is not a wrong
                model); it drifts back to 1 while latency is well under target)
                aggregated (no prefill pool): one pool doing both
+    by class   with the traffic's priority levels (levels.py: one per engine
+               priority of the SLO classes) the pools are sized so that each
+               SLO level meets its own targets: the prefill pool the most any
+               SLO level needs for the prompts of the levels that run before
+               it or with it within its TTFT target, plus what the lower
+               levels' prompts keep busy (the engines take waiting prompts by
+               priority, but a prompt being computed keeps its place:
+               capacity.py), or the burst headroom of the levels up to each if
+               more; the decode pool what the SLO levels' output needs within
+               the strictest ITL target among them (their streams share every
+               batch). Best-effort levels add
+               what the whole load needs beyond that (prompts at the loosest
+               SLO level's TTFT target), at most `best_effort_share` of the
+               budget per pool; otherwise they fill what the SLO levels leave.
+               Each level's share of the requests and its lengths against the
+               whole's come from the last interval that saw any; the rate,
+               lengths and hit rate are predicted for the whole load as
+               without classes. The corrections learn from the SLO level
+               furthest over its own targets, never from a best-effort one
     constrain  min/max per pool; a GPU budget shared by the pools (the
                `budget_priority` pool is served first); up at once, down to
                the most any of the last `scale_down_intervals` intervals
@@ -85,13 +104,23 @@ from dataclasses import dataclass, field, replace
 
 from orchestrator.config import PlannerConfig, PoolBounds, SlaConfig
 from orchestrator.planner.capacity import (
+    PromptLevel,
     decode_batch_limit,
     decode_capacity,
     prefill_capacity,
     prefill_service_s,
+    priority_prefill_need,
 )
 from orchestrator.planner.caps import CapShortfall, shortfalls
 from orchestrator.planner.faults import Faults, FaultWatch, PoolView, metrics_gap
+from orchestrator.planner.levels import (
+    LevelObservation,
+    LevelShare,
+    PriorityLevel,
+    blend,
+    levels_over_target,
+    mix_of,
+)
 from orchestrator.planner.predictors import Predictor, make_predictor
 from orchestrator.sim.perf_model import Batch, PerfModel
 
@@ -126,6 +155,7 @@ class Observation:
     decode_reports: int | None = None
     prefill_in_force: int | None = None  # replicas asked for, starting or serving (None: not known)
     decode_in_force: int | None = None
+    levels: tuple[LevelObservation, ...] = ()  # per engine priority (none: not recorded by priority)
 
     @property
     def arrival_scv(self) -> float | None:
@@ -226,6 +256,8 @@ class SlaPlanner:
     gpus_per_replica: int = 1
     initial: tuple[int, int] = (1, 1)  # (prefill, decode) replicas at start
     acting: bool = True  # the caller applies the decisions (False: advisory, nothing it decides is in force)
+    levels: tuple[PriorityLevel, ...] = ()  # the traffic's priority levels (none: one target, `sla`, for every request)
+    _mix: tuple[LevelShare, ...] = field(default=(), init=False)  # each level's part of the last load seen
     _peaks: list[float] = field(default_factory=list, init=False)
     _dispersions: list[float] = field(default_factory=list, init=False)
     _peak_window_s: float | None = field(default=None, init=False)
@@ -243,8 +275,10 @@ class SlaPlanner:
     _sizing: _Sizing | None = field(default=None, init=False)  # the last step's, for the fast loop
 
     def __post_init__(self) -> None:
-        if self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None:
-            raise ValueError("the SLA planner needs sla.ttft_p99_ms and sla.itl_p50_ms")
+        if not any(not level.best_effort for level in self.levels) and (
+            self.sla.ttft_p99_ms is None or self.sla.itl_p50_ms is None
+        ):
+            raise ValueError("the SLA planner needs sla.ttft_p99_ms and sla.itl_p50_ms, or an SLO class with targets")
         kind = self.config.predictor
         kwargs = {"seasonal": {"period": 24}, "kalman": {"damping": self.config.trend_damping}}.get(kind, {})
         self._predictors = {k: make_predictor(kind, **kwargs) for k in ("rate", "isl", "osl", "hit")}
@@ -404,8 +438,26 @@ class SlaPlanner:
         `peak_memory_intervals` intervals (1: none measured)."""
         return max(self._peaks[-self.config.peak_memory_intervals :], default=1.0)
 
+    @property
+    def _slo_levels(self) -> list[PriorityLevel]:
+        return [level for level in self.levels if not level.best_effort]
+
+    @property
+    def _ttft_s(self) -> float:
+        """The strictest TTFT target (p99) any request is held to."""
+        slo = self._slo_levels
+        return min(level.ttft_p99_s for level in slo) if slo else self.sla.ttft_p99_ms / 1000
+
+    @property
+    def _itl_s(self) -> float:
+        """The strictest ITL target (p50): every decode batch is held to it."""
+        slo = self._slo_levels
+        return min(level.itl_p50_s for level in slo) if slo else self.sla.itl_p50_ms / 1000
+
     def _observe(self, obs: Observation) -> None:
         p = self._predictors
+        if self.levels:
+            self._mix = mix_of(self.levels, obs.levels) or self._mix
         p["rate"].observe(obs.request_rate)
         if obs.output_share is not None:  # the newer interval weighs half: the share moves with the traffic's mix
             seen = self._output_share
@@ -445,7 +497,13 @@ class SlaPlanner:
         before = self._ready_before or ready
         throughout = {k: min(before[k], ready[k]) for k in ready}
         self._ready_before = ready
-        ttft_target, itl_target = self.sla.ttft_p99_ms / 1000, self.sla.itl_p50_ms / 1000
+        ttft_target = self._ttft_s
+        # observed / target: the pool's against the one target, or (by class) the SLO level furthest over its own
+        if self.levels:
+            ttft_over, itl_over = levels_over_target(self.levels, obs.levels)
+        else:
+            ttft_over = None if obs.ttft_p99_s is None else obs.ttft_p99_s / ttft_target
+            itl_over = None if obs.itl_p50_s is None else obs.itl_p50_s / self._itl_s
         # ... or inherited a queue, and drained it: a request arriving to a
         # queue that takes d to drain has its first token no sooner than d
         # plus its own share of the queueing the pool is sized for (mean
@@ -470,23 +528,21 @@ class SlaPlanner:
         ttft_pool = "prefill" if self.disaggregated and obs.prefill_waiting >= obs.decode_waiting else "decode"
         self._corrections[ttft_pool] = _corrected(
             self._corrections[ttft_pool],
-            obs.ttft_p99_s,
-            ttft_target,
-            raise_ok=self._persists("ttft", obs.ttft_p99_s, ttft_target, sized[ttft_pool]),
+            ttft_over,
+            raise_ok=self._persists("ttft", ttft_over, sized[ttft_pool]),
         )
         self._corrections["decode"] = _corrected(
             self._corrections["decode"],
-            obs.itl_p50_s,
-            itl_target,
-            raise_ok=self._persists("itl", obs.itl_p50_s, itl_target, sized["decode"]),
+            itl_over,
+            raise_ok=self._persists("itl", itl_over, sized["decode"]),
         )
 
-    def _persists(self, signal: str, observed: float | None, target: float, sized: bool) -> bool:
-        """Whether `signal` has now missed its target with its pool sized for
+    def _persists(self, signal: str, over: float | None, sized: bool) -> bool:
+        """Whether `signal` has now missed its target (`over`: observed / target) with its pool sized for
         `correction_after_intervals` intervals in a row: one interval's p99
         is a noisy statistic and a burst is not a wrong model, but a wrong
         model misses every interval."""
-        missed = sized and observed is not None and observed > target
+        missed = sized and over is not None and over > 1.0
         self._sized_misses[signal] = self._sized_misses.get(signal, 0) + 1 if missed else 0
         return self._sized_misses[signal] >= self.config.correction_after_intervals
 
@@ -529,7 +585,14 @@ class SlaPlanner:
         if running <= 0:
             return 0.0
         batch = self._one_decode_replica(decode_batch_limit, isl + osl / 2)
-        return running / batch if batch else math.inf
+        need = running / batch if batch else math.inf
+        best_effort = sum(s.rate_share * s.osl_ratio for s in self._mix if s.level.best_effort)
+        if not best_effort or math.isinf(need):
+            return need
+        # best-effort streams' part (their share of the output load) counts within its share of the budget
+        whole = sum(s.rate_share * s.osl_ratio for s in self._mix)
+        part = need * best_effort / whole
+        return need - part + min(part, self.config.best_effort_share * self._pool_budget("decode"))
 
     def _one_decode_replica(self, measure, context: float):
         """`decode_batch_limit` or `decode_capacity` of one decode replica at `context`: within the ITL target
@@ -537,7 +600,7 @@ class SlaPlanner:
         return measure(
             self.perf,
             context,
-            self.sla.itl_p50_ms / 1000,
+            self._itl_s,
             self.kv_capacity_tokens,
             self.max_num_seqs,
             self._step_scale,
@@ -568,28 +631,94 @@ class SlaPlanner:
         """Replicas each pool needs (fractional) for the load."""
         if rate <= 0:
             return 0.0, 0.0
-        uncached = max(isl * (1.0 - hit), 1.0)
-        ttft_target = self.sla.ttft_p99_ms / 1000
-        on_wait = self.config.prefill_queueing == "wait"
-        prefill_cap = prefill_capacity(
-            self.perf, uncached, ttft_target, self.config.queueing_factor, burstiness, factor_on_wait_only=on_wait
-        )
-        decode_cap = self._one_decode_replica(decode_capacity, isl + osl / 2)
-        prefill = _need(rate * uncached, prefill_cap)
-        if peak_ratio > 1.0 and self._peak_window_s:
-            prefill = max(
-                prefill,
-                _need(
-                    rate * uncached * peak_ratio, self._flat_out_tps(isl, hit) * (1 + ttft_target / self._peak_window_s)
-                ),
-            )
-        decode = _need(rate * osl, decode_cap * self.config.decode_utilization)
+        if self._mix:
+            prefill, decode = self._propose_levels(rate, isl, osl, hit, peak_ratio, burstiness)
+        else:
+            prefill, decode = self._sized(rate, isl, osl, hit, peak_ratio, burstiness, self._ttft_s)
         if corrected:
             prefill *= self._corrections["prefill"]
             decode *= self._corrections["decode"]
         if not self.disaggregated:  # one pool prefills and decodes
             return 0.0, prefill + decode
         return prefill, decode
+
+    def _propose_levels(
+        self, rate: float, isl: float, osl: float, hit: float, peak_ratio: float, burstiness: float
+    ) -> tuple[float, float]:
+        """Replicas each pool needs (fractional, uncorrected) for the load by priority level (the
+        module's docstring, `by class`)."""
+        slo = [share for share in self._mix if not share.level.best_effort]
+        loosest = max((s.level.ttft_p99_s for s in slo), default=self._ttft_s)
+        prefill = self._prefill_by_priority(rate, isl, hit, burstiness, best_effort_target=None)
+        for share in slo:  # the burst headroom of what runs before each level or with it
+            r, i, _ = blend([s for s in self._mix if s.level.priority <= share.level.priority], rate, isl, osl)
+            prefill = max(prefill, self._peak_need(r, i, hit, peak_ratio, share.level.ttft_p99_s))
+        r, i, o = blend(slo, rate, isl, osl)
+        decode = _need(r * o, self._one_decode_replica(decode_capacity, i + o / 2) * self.config.decode_utilization)
+        if len(slo) < len(self._mix):  # best effort: what the whole load needs beyond, within its share
+            whole_prefill = max(
+                self._prefill_by_priority(rate, isl, hit, burstiness, best_effort_target=loosest),
+                self._peak_need(rate, isl, hit, peak_ratio, loosest),
+            )
+            whole_decode = self._sized(rate, isl, osl, hit, peak_ratio, burstiness, loosest)[1]
+            share = self.config.best_effort_share
+            prefill += min(max(whole_prefill - prefill, 0.0), share * self._pool_budget("prefill"))
+            decode += min(max(whole_decode - decode, 0.0), share * self._pool_budget("decode"))
+        return prefill, decode
+
+    def _prefill_by_priority(
+        self, rate: float, isl: float, hit: float, burstiness: float, best_effort_target: float | None
+    ) -> float:
+        """Prefill replicas for the levels' prompts (capacity.priority_prefill_need), best effort held to
+        `best_effort_target` (None: to nothing)."""
+        levels = [
+            PromptLevel(
+                rate * s.rate_share,
+                max(isl * s.isl_ratio * (1.0 - hit), 1.0),
+                best_effort_target if s.level.best_effort else s.level.ttft_p99_s,
+            )
+            for s in self._mix
+        ]
+        return priority_prefill_need(self.perf, levels, self.config.queueing_factor, burstiness)
+
+    def _pool_budget(self, pool: str) -> int:
+        """The replicas `pool` may have at most: the GPU budget where one is set, else its max_replicas."""
+        budget = self._budget_replicas
+        return budget if budget is not None else getattr(self.config, pool).max_replicas
+
+    def _sized(
+        self,
+        rate: float,
+        isl: float,
+        osl: float,
+        hit: float,
+        peak_ratio: float,
+        burstiness: float,
+        ttft_target: float,
+    ) -> tuple[float, float]:
+        """Replicas each pool needs (fractional, uncorrected) for the load held to one TTFT target and the
+        ITL target."""
+        if rate <= 0:
+            return 0.0, 0.0
+        uncached = max(isl * (1.0 - hit), 1.0)
+        on_wait = self.config.prefill_queueing == "wait"
+        prefill_cap = prefill_capacity(
+            self.perf, uncached, ttft_target, self.config.queueing_factor, burstiness, factor_on_wait_only=on_wait
+        )
+        decode_cap = self._one_decode_replica(decode_capacity, isl + osl / 2)
+        prefill = max(_need(rate * uncached, prefill_cap), self._peak_need(rate, isl, hit, peak_ratio, ttft_target))
+        decode = _need(rate * osl, decode_cap * self.config.decode_utilization)
+        return prefill, decode
+
+    def _peak_need(self, rate: float, isl: float, hit: float, peak_ratio: float, ttft_target: float) -> float:
+        """Prefill replicas for the peak prompt tokens/s: a replica flat out over the peak window clears its
+        backlog within the TTFT target (0: no peak measured)."""
+        if peak_ratio <= 1.0 or not self._peak_window_s:
+            return 0.0
+        uncached = max(isl * (1.0 - hit), 1.0)
+        return _need(
+            rate * uncached * peak_ratio, self._flat_out_tps(isl, hit) * (1 + ttft_target / self._peak_window_s)
+        )
 
     def _flat_out_tps(self, isl: float, hit: float) -> float:
         """Prompt tokens/s one prefill replica computes back to back at this ISL."""
@@ -647,20 +776,19 @@ def _bounded(need: float, bounds: PoolBounds) -> int:
     return min(max(wanted, bounds.min_replicas), bounds.max_replicas)
 
 
-def _corrected(correction: float, observed: float | None, target: float, raise_ok: bool = True) -> float:
+def _corrected(correction: float, over: float | None, raise_ok: bool = True) -> float:
     """Learn how far the model is from reality: a pool missing its target
     with the replicas the model asked for gets more capacity next time (by
     up to sqrt 2 an interval), one well under it drifts back towards the
     profile (5% an interval, down to 1, never under it: latency far under
     target says nothing about how much load a replica takes when its limit
     is not latency but its batch slots, KV or the burst headroom).
-    Bounded to [1, 4]."""
-    if observed is None:
+    Bounded to [1, 4]. `over`: observed / target (None: not measured)."""
+    if over is None:
         return correction
-    ratio = observed / target
-    if ratio > 1.0:
+    if over > 1.0:
         if raise_ok:
-            correction *= min(ratio, 2.0) ** 0.5
-    elif ratio < 0.5:
+            correction *= min(over, 2.0) ** 0.5
+    elif over < 0.5:
         correction = max(correction * 0.95, 1.0)
     return min(max(correction, 1.0), 4.0)

@@ -53,7 +53,8 @@ class Arrival(Protocol):
     prompt_token_ids: Sequence[int]
     max_tokens: int
     arrival_s: float | None
-    # Optional: `lora`, the name of the LoRA adapter the request names (None or absent: the base model).
+    # Optional: `lora`, the name of the LoRA adapter the request names (None or absent: the base model);
+    # `priority`, its SLO class's engine priority (absent: 0).
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,7 @@ class ClusterSpec:
     # Each replica keeps the load window a Serve replica keeps for the SLA planner (None: none), and reports
     # it as a Serve replica does (`observation`): the planner sees the simulator through the same code.
     report_span_s: float | None = None
+    report_priorities: tuple[int, ...] = ()  # the windows report these priorities' load apart (SLO classes)
     peak_window_s: float = 2.0
     # LoRA adapters: each replica's slots and host cache (the engines'), which the scheduler weighs too.
     lora: LoraConfig | None = None
@@ -89,6 +91,7 @@ class RequestOutcome:
     token_times: list[float] = field(default_factory=list)
     cached_tokens: int = 0
     route: RouteDecision | None = None
+    priority: int = 0
 
     @property
     def finished(self) -> bool:
@@ -122,6 +125,7 @@ class _Timing:
     start: float
     local_prefill: bool
     max_tokens: int  # asked for (0: a prefill)
+    priority: int = 0
     first: float | None = None
     last: float = 0.0
     outputs: int = 0
@@ -250,47 +254,67 @@ class ClusterSim:
     def _arrive(self, request_id: str, a: Arrival, sent_at: float) -> None:
         adapter = getattr(a, "lora", None)
         lora = LoraAdapter(adapter, f"/sim/{adapter}") if adapter is not None else None
-        request = EngineRequest(request_id, tuple(a.prompt_token_ids), SamplingSpec(max_tokens=a.max_tokens), lora=lora)
+        priority = getattr(a, "priority", 0)
+        request = EngineRequest(
+            request_id, tuple(a.prompt_token_ids), SamplingSpec(max_tokens=a.max_tokens), lora=lora, priority=priority
+        )
         ready = ReplicaState.READY
         prefill_views = [r.view() for r in self.prefill if r.state is ready] if self.disaggregated else None
         route = self.scheduler.route_request(
             request, prefill_views, [r.view() for r in self.decode if r.state is ready]
         )
         self.outcomes[request_id] = RequestOutcome(
-            request_id, sent_at, len(request.prompt_token_ids), a.max_tokens, route=route
+            request_id, sent_at, len(request.prompt_token_ids), a.max_tokens, route=route, priority=priority
         )
         self.replicas[route.decode_replica].inflight += 1
         if route.remote_prefill:
             self.replicas[route.prefill_replica].inflight += 1
             prefill_id = f"{request_id}-prefill"
             self._prefill_of[prefill_id] = (request_id, request, route)
-            self._arrived_at(route.prefill_replica, prefill_id, len(request.prompt_token_ids), False, 0)
+            self._arrived_at(route.prefill_replica, prefill_id, len(request.prompt_token_ids), False, 0, priority)
             self._submit(
                 route.prefill_replica,
-                SimRequest(prefill_id, list(request.prompt_token_ids), 1, hold_for_transfer=True, lora_name=adapter),
+                SimRequest(
+                    prefill_id,
+                    list(request.prompt_token_ids),
+                    1,
+                    hold_for_transfer=True,
+                    lora_name=adapter,
+                    priority=priority,
+                ),
             )
         else:
-            self._arrived_at(route.decode_replica, request_id, len(request.prompt_token_ids), True, a.max_tokens)
+            self._arrived_at(
+                route.decode_replica, request_id, len(request.prompt_token_ids), True, a.max_tokens, priority
+            )
             self._submit(
                 route.decode_replica,
-                SimRequest(request_id, list(request.prompt_token_ids), a.max_tokens, lora_name=adapter),
+                SimRequest(
+                    request_id, list(request.prompt_token_ids), a.max_tokens, lora_name=adapter, priority=priority
+                ),
             )
 
     # -- what each replica reports to the planner (as deployments/engine_replica.py records it) ------------------
 
     def _arrived_at(
-        self, replica_id: str, request_id: str, prompt_tokens: int, local_prefill: bool, max_tokens: int
+        self,
+        replica_id: str,
+        request_id: str,
+        prompt_tokens: int,
+        local_prefill: bool,
+        max_tokens: int,
+        priority: int = 0,
     ) -> None:
         window = self.replicas[replica_id].window
         if window is not None:
-            key = window.arrived(prompt_tokens, max_tokens)
-            self._timings[request_id] = _Timing(key, self.now, local_prefill, max_tokens)
+            key = window.arrived(prompt_tokens, max_tokens, priority)
+            self._timings[request_id] = _Timing(key, self.now, local_prefill, max_tokens, priority)
 
     def _prefilled_at(self, replica: _Replica, prefill_id: str, cached_tokens: int) -> None:
         timing = self._timings.pop(prefill_id, None)
         if timing is not None:
             replica.window.closed(timing.key)
-            replica.window.finished(0, cached_tokens, self.now - timing.start)
+            replica.window.finished(0, cached_tokens, self.now - timing.start, priority=timing.priority)
 
     def _token_at(self, replica: _Replica, emitted: Emitted, finished: bool) -> None:
         timing = self._timings.get(emitted.request_id)
@@ -302,11 +326,11 @@ class ClusterSim:
             window.prompt_done(timing.key)
             timing.cached = emitted.cached_tokens if timing.local_prefill else 0  # else counted at the prefill
         else:
-            window.token_gap(self.now - timing.last)
+            window.token_gap(self.now - timing.last, timing.priority)
         timing.last = self.now
         timing.outputs += 1
         if finished:
-            window.finished(timing.outputs, timing.cached, timing.first, timing.max_tokens)
+            window.finished(timing.outputs, timing.cached, timing.first, timing.max_tokens, timing.priority)
             window.closed(timing.key)
             del self._timings[emitted.request_id]
 
@@ -344,7 +368,12 @@ class ClusterSim:
         prefill_replica.inflight -= 1
         self._prefilled_at(prefill_replica, prefill_id, cached_tokens)
         self._arrived_at(
-            route.decode_replica, request_id, len(request.prompt_token_ids), False, request.sampling.max_tokens
+            route.decode_replica,
+            request_id,
+            len(request.prompt_token_ids),
+            False,
+            request.sampling.max_tokens,
+            request.priority,
         )
         transfer_s = self.link.transfer_time(len(request.prompt_token_ids) * self.perf.kv_bytes_per_token)
         self.outcomes[request_id].cached_tokens = cached_tokens
@@ -356,6 +385,7 @@ class ClusterSim:
                 request.sampling.max_tokens,
                 transfer_done_at=self.now + transfer_s,
                 lora_name=request.lora.name if request.lora is not None else None,
+                priority=request.priority,
             ),
         )
 
@@ -450,7 +480,12 @@ class ClusterSim:
         )
         window = None
         if spec.report_span_s is not None:
-            window = ReplicaLoadWindow(spec.report_span_s, clock=lambda: self.now, peak_window_s=spec.peak_window_s)
+            window = ReplicaLoadWindow(
+                spec.report_span_s,
+                clock=lambda: self.now,
+                peak_window_s=spec.peak_window_s,
+                levels=spec.report_priorities,
+            )
         replica = _Replica(f"{name[0]}{next(self._names)}", role, core, spec.block_size, state, window)
         self.replicas[replica.replica_id] = replica
         self.pool(name).append(replica)
