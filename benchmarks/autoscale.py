@@ -327,6 +327,16 @@ def planner_controller(
                     "proposed_prefill": decision.proposed_prefill,
                     "proposed_decode": decision.proposed_decode,
                     "fast_raises": list(fast_raises),
+                    # per engine priority (SLO classes): [priority, requests/s, TTFT p99 ms, ITL p50 ms]
+                    **(
+                        {
+                            "levels": [
+                                [v.priority, v.request_rate, _ms(v.ttft_p99_s), _ms(v.itl_p50_s)] for v in obs.levels
+                            ]
+                        }
+                        if obs.levels
+                        else {}
+                    ),
                     # per pool a cap left short: its load over what the granted replicas hold (None: no count does)
                     "capped": {
                         c.pool: c.load_over_capacity if math.isfinite(c.load_over_capacity) else None

