@@ -47,6 +47,10 @@ def _pct(v: float | None) -> str:
     return "-" if v is None else f"{100 * v:.1f}%"
 
 
+def _pct2(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.2f}%"
+
+
 def _rps(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}/s"
 
@@ -120,9 +124,9 @@ def _planner_row() -> Row:
         ratio = by["gpu_hours"] / one["gpu_hours"]
         cells.append(
             f"{load_name}: by class {by['gpu_hours']:.3f} GPU-h (x{ratio:.2f} of one target's "
-            f"{one['gpu_hours']:.3f}), interactive within SLO {_pct(by['interactive']['attainment'])} vs "
-            f"{_pct(one['interactive']['attainment'])}, batch {_pct(by['batch']['attainment'])} vs "
-            f"{_pct(one['batch']['attainment'])}"
+            f"{one['gpu_hours']:.3f}), interactive within SLO {_pct2(by['interactive']['attainment'])} vs "
+            f"{_pct2(one['interactive']['attainment'])}, batch {_pct2(by['batch']['attainment'])} vs "
+            f"{_pct2(one['batch']['attainment'])}"
         )
         equal = by["interactive"]["attainment"] >= one["interactive"]["attainment"] - EQUAL_ATTAINMENT
         targets.append(
