@@ -948,6 +948,13 @@ class SloClassConfig(_Strict):
     queue_wait_s: PositiveFloat = Field(
         default=30.0, description="A queued request's deadline: past it, a 429 with Retry-After."
     )
+    max_prefill_queue_tokens: PositiveInt | None = Field(
+        default=None,
+        description="The prompt tokens a replica may have queued for prefill (routed, not yet prefilled) and still "
+        "take this class's prompts: what the class's TTFT target allows ahead of a prompt. The KV-aware router "
+        "sends them among the replicas within it where any is (the cheapest of all where none is); a class without "
+        "it (batch) takes any replica. None: no limit.",
+    )
     allow_request_priority: bool = Field(
         default=False,
         description="Accept the request's own `priority` field (vLLM's), at this class's priority or lower "

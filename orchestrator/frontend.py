@@ -134,7 +134,13 @@ def build_frontend(
     (`orchestrator.tracing.tracer_from_config(config.tracing)`); by default tracing is off."""
     if PRIMARY_GROUP not in groups:
         raise ValueError(f"the frontend needs the {PRIMARY_GROUP!r} pool group; got {sorted(groups)}")
-    routing = build_routing(config.routing, config.kv_cache.block_size, list(groups), lora=config.model.lora)
+    routing = build_routing(
+        config.routing,
+        config.kv_cache.block_size,
+        list(groups),
+        lora=config.model.lora,
+        classes=config.traffic.classes,
+    )
     pools: dict[str, PoolClient] = {c.name: c for g in groups.values() for c in g.clients()}
 
     def pool_views() -> dict[str, list[ReplicaView]]:

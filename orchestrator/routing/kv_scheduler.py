@@ -3,6 +3,8 @@ and decide per request whether to disaggregate.
 
     hashes   = block hashes of the prompt
     overlaps = index.overlaps(hashes)                  # leading blocks per replica
+    budget   = the prompt's class's max_prefill_queue_tokens (by its engine priority; none: no budget)
+    within   = replicas whose queued prefill tokens <= budget, where any is (else all)   # per pool
     if the decode replicas' request counts are imbalanced (SGLang's guard):
         candidates = the least busy decode replicas
     decode   = cheapest candidate                      # overlap credit vs load, + adapter cost (adapter_slots.py)
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 
 from orchestrator.config import RoutingConfig
@@ -41,8 +43,12 @@ class KvAwareScheduler:
         clock: Callable[[], float] = time.monotonic,
         rng: random.Random | None = None,
         adapter_costs: AdapterCosts | None = None,
+        queue_budgets: Mapping[int, int | None] | None = None,
     ) -> None:
-        """`adapter_costs`: the engines' LoRA slots and what a missing adapter costs; None: no adapters."""
+        """`adapter_costs`: the engines' LoRA slots and what a missing adapter costs; None: no adapters.
+        `queue_budgets`: each SLO class's engine priority -> the prompt tokens a replica may have queued for
+        prefill and still take a prompt of it (max_prefill_queue_tokens; None: any replica); a request at a
+        priority no class has takes the budget of the nearest class that runs before it (its own)."""
         self.config = config
         self.block_size = block_size
         self.index = index if index is not None else KVIndex()
@@ -51,6 +57,7 @@ class KvAwareScheduler:
         self.memory = RouteMemory(self.index, ttl, clock)
         self.rng = rng or random.Random()
         self.adapters = AdapterSlots(adapter_costs) if adapter_costs is not None else None
+        self.queue_budgets = sorted((queue_budgets or {}).items())
 
     # -- the decision -----------------------------------------------------------
 
@@ -65,6 +72,10 @@ class KvAwareScheduler:
         if blocks is None or blocks.block_size != self.block_size:
             blocks = PromptBlocks.of(request, self.block_size, self.index)
         hashes, overlaps = blocks.hashes, blocks.overlaps
+        budget = self._queue_budget(request.priority)
+        if budget is not None:
+            decode_replicas = self._within(decode_replicas, budget)
+            prefill_replicas = self._within(prefill_replicas, budget) if prefill_replicas is not None else None
         candidates = self._balanced(decode_replicas)
         adapter = request.lora.name if request.lora is not None and self.adapters is not None else None
         decode = self._cheapest(candidates, hashes, overlaps, adapter)
@@ -121,6 +132,19 @@ class KvAwareScheduler:
         frontend has sent it and not seen finish, whichever is larger."""
         own = self.load.requests(view.replica_id)
         return max(own, view.stats.num_running + view.stats.num_waiting) if view.stats is not None else own
+
+    def _queue_budget(self, priority: int) -> int | None:
+        """The prompt tokens a replica may have queued for prefill and take a prompt of `priority` (None: any)."""
+        budget = None
+        for p, tokens in self.queue_budgets:  # ascending: the last at or before `priority` is its own or nearest
+            if p <= priority:
+                budget = tokens
+        return budget
+
+    def _within(self, views: Sequence[ReplicaView], budget: int) -> Sequence[ReplicaView]:
+        """The replicas whose prompt tokens queued for prefill are within `budget`; all of them where none is."""
+        within = [v for v in views if self.load.prefill_blocks(v.replica_id) * self.block_size <= budget]
+        return within if within and len(within) < len(views) else views
 
     def _balanced(self, views: Sequence[ReplicaView]) -> Sequence[ReplicaView]:
         """SGLang's cache-aware guard: when the busiest replica has more than `balance_abs_threshold`

@@ -32,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from orchestrator.config import PRIMARY_GROUP, LoraConfig, RoutingConfig
+from orchestrator.config import PRIMARY_GROUP, LoraConfig, RoutingConfig, SloClassConfig
 from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats
 from orchestrator.kv.events import KVEventBatch
 from orchestrator.lora.adapter import LoraAdapter
@@ -74,6 +74,7 @@ class ClusterSpec:
     # it as a Serve replica does (`observation`): the planner sees the simulator through the same code.
     report_span_s: float | None = None
     report_priorities: tuple[int, ...] = ()  # the windows report these priorities' load apart (SLO classes)
+    classes: tuple[SloClassConfig, ...] = ()  # the SLO classes the scheduler routes by (their queue budgets)
     peak_window_s: float = 2.0
     # LoRA adapters: each replica's slots and host cache (the engines'), which the scheduler weighs too.
     lora: LoraConfig | None = None
@@ -181,7 +182,12 @@ class ClusterSim:
         self._events: list[tuple[float, int, Callable[[], None]]] = []
         self._order = itertools.count()
         routing = build_routing(
-            spec.routing, spec.block_size, clock=lambda: self.now, rng=random.Random(seed), lora=spec.lora
+            spec.routing,
+            spec.block_size,
+            clock=lambda: self.now,
+            rng=random.Random(seed),
+            lora=spec.lora,
+            classes=spec.classes,
         )
         self.index, self.ingest = routing.index, routing.ingest
         self.scheduler = routing.schedulers[PRIMARY_GROUP]

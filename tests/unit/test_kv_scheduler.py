@@ -7,11 +7,13 @@ import random
 
 import pytest
 
-from orchestrator.config import RoutingConfig
+from orchestrator.config import RoutingConfig, SloClassConfig
 from orchestrator.engines.base import EngineInfo, EngineRole, EngineStats
 from orchestrator.kv.events import BlockStored
+from orchestrator.kv.index import KVIndex
 from orchestrator.messages import EngineRequest, SamplingSpec
 from orchestrator.pools import ReplicaView
+from orchestrator.routing import make_scheduler
 from orchestrator.routing.base import RouteKind, RouteReason
 from orchestrator.routing.cost import pick, replica_cost
 from orchestrator.routing.kv_scheduler import KvAwareScheduler
@@ -291,3 +293,32 @@ def test_the_request_path_counts_each_request_the_guard_spreads():
     per_replica = collections.Counter(r.target_replica for r in fe.decode.generates)
     assert sorted(per_replica.values()) == [1, 2]  # ties broken at random: which one takes two varies
     assert fe.metric("orchestrator_balance_guard_routes_total") == 1
+
+
+def test_an_interactive_prompt_avoids_a_prefill_queue_over_its_budget_where_a_batch_prompt_takes_it():
+    """Routing by SLO class: p1 holds a 3,200-token prefix and 800 prompt tokens queued for prefill. By cost
+    alone every prompt on that prefix goes to p1 (the prefix outweighs the queue); an interactive prompt, whose
+    class allows 512 tokens ahead of it, goes to p0 instead; a batch prompt (no budget) still takes p1; and
+    where every replica is over the budget, the interactive prompt takes the cheapest."""
+    classes = [
+        SloClassConfig(name="interactive", priority=0, ttft_p99_ms=500, itl_p50_ms=50, max_prefill_queue_tokens=512),
+        SloClassConfig(name="batch", priority=10),
+    ]
+    s = make_scheduler(
+        RoutingConfig(local_prefill_max_tokens=0), BS, KVIndex(), Clock(), random.Random(0), None, classes
+    )
+    shared = prompt(3200)
+    hold(s, "p1", shared)
+    queued = s.route_request(request(shared + prompt(800, seed=1), rid="q"), views("p0", "p1"), views("d0"))
+    assert queued.prefill_replica == "p1"  # 50 blocks now queued there
+
+    def route(rid, priority, seed):
+        r = EngineRequest(rid, shared + prompt(32, seed=seed), SamplingSpec(max_tokens=8), priority=priority)
+        return s.route_request(r, views("p0", "p1"), views("d0")).prefill_replica
+
+    assert route("batch", 10, 2) == "p1"
+    assert route("interactive", 0, 3) == "p0"
+    s.on_prefill_done("interactive")
+    assert route("later", 5, 4) == "p0"  # a request's own lower priority keeps its class's budget
+    s.route_request(request(prompt(1600, seed=5), rid="fill"), views("p0"), views("d0"))  # p0 over it too
+    assert route("interactive-2", 0, 6) == "p1"  # the cheaper of two over the budget
