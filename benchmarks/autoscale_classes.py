@@ -20,6 +20,10 @@ planner's sizing of the first interval and start-up time, told the load):
                        the classes without the planner's)
   by-class             the planner by class (its levels from the two classes: orchestrator/planner/
                        levels.py), the priorities on the engines
+  static, static-routed
+                       fixed pools (`--static-split P,D`), the priorities on the engines; static-routed
+                       routes by class too: interactive's `max_prefill_queue_tokens` is
+                       `--interactive-queue-tokens` (routing by class), batch has none
 
 Per class: the share of its requests within its own targets (TTFT <= target, median ITL <= target),
 TTFT p99 and the p99 of the requests' median ITLs; per run: GPU-hours (every replica from being asked
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 from dataclasses import dataclass, replace
 from typing import Any
@@ -44,8 +49,9 @@ from orchestrator.sim.cluster import ClusterSim, ClusterSpec, RequestOutcome
 from orchestrator.sim.link import LINKS
 from tools.workloads import LogNormalLength, poisson_requests
 
-POLICIES = ("one-target", "one-target-priority", "by-class")
+POLICIES = ("one-target", "one-target-priority", "by-class")  # the default; static, static-routed on request
 CLASSES = ("interactive", "batch")
+PREFIX_TOKENS = 1024  # --interactive-prefixes: each shared prefix's length
 SHAPES = {
     "prefill": (LogNormalLength(3000, 3500, 256, 16000), LogNormalLength(150, 200, 8, 1024)),
     "decode": (LogNormalLength(250, 300, 16, 2048), LogNormalLength(600, 800, 32, 4096)),
@@ -77,6 +83,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--startup-s", type=float, default=30.0)
     p.add_argument("--max-replicas", type=int, default=16, help="per pool")
     p.add_argument("--policies", default=",".join(POLICIES))
+    p.add_argument("--static-split", default="3,3", help="static, static-routed: prefill,decode replicas")
+    p.add_argument("--interactive-queue-tokens", type=int, default=8192, help="static-routed: interactive's budget")
+    p.add_argument(
+        "--interactive-prefixes",
+        type=int,
+        default=0,
+        help="each interactive prompt starts with one of this many shared 1,024-token prefixes (system prompts), "
+        "drawn at random; 0: the trace's prompts as they are (random tokens, nothing shared)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--jobs", type=int, default=1)
     p.add_argument("--out", required=True)
@@ -96,7 +111,12 @@ def classes(args: argparse.Namespace) -> tuple[SloClassConfig, SloClassConfig]:
 
 def workload(args: argparse.Namespace) -> list[ClassedRequest]:
     trace = argparse.Namespace(trace_path=None, seed=args.seed, rate_scale=args.rate_scale, minutes=args.minutes)
-    interactive = [ClassedRequest(r.prompt_token_ids, r.max_tokens, r.arrival_s, 0) for r in azure_requests(trace)]
+    rng = random.Random(args.seed + 2)
+    prefixes = [tuple(rng.randrange(*TOKENS) for _ in range(PREFIX_TOKENS)) for _ in range(args.interactive_prefixes)]
+    interactive = [
+        ClassedRequest((rng.choice(prefixes) if prefixes else ()) + r.prompt_token_ids, r.max_tokens, r.arrival_s, 0)
+        for r in azure_requests(trace)
+    ]
     span_min = max(r.arrival_s for r in interactive) / 60  # the batch runs while the trace does
     isl, osl = SHAPES[args.batch_shape]
     batch = [
@@ -165,25 +185,31 @@ def run_experiment(args: argparse.Namespace) -> int:
     initial = (first.prefill, first.decode)
     classes_of = [r.priority for r in requests]
 
+    split = tuple(int(n) for n in args.static_split.split(","))
+    routed = interactive.model_copy(update={"max_prefill_queue_tokens": args.interactive_queue_tokens})
+
     def run(name: str) -> tuple[dict[str, Any], list[dict]]:
         # one-target: the engines first come first served (every request at priority 0)
         arrivals = [replace(r, priority=0) for r in requests] if name == "one-target" else requests
+        static = name.startswith("static")
         spec = ClusterSpec(
-            *initial,
+            *(split if static else initial),
             blocks,
             block_size,
             routing=RoutingConfig(),
             report_span_s=args.interval_s,
             peak_window_s=config.peak_window_s,
             report_priorities=(0, 1),
+            classes=(routed, batch) if name == "static-routed" else (),
         )
         sim = ClusterSim(spec, perf, LINKS[engine.link], seed=args.seed)
         log: list[dict] = []
-        policy = planner(name == "by-class", initial)
-        controller = planner_controller(
-            policy, args.interval_s, args.startup_s, log, peak_window_s=config.peak_window_s
-        )
-        sim.every(config.fast_interval_s or args.interval_s, controller(sim), horizon)
+        if not static:
+            policy = planner(name == "by-class", initial)
+            controller = planner_controller(
+                policy, args.interval_s, args.startup_s, log, peak_window_s=config.peak_window_s
+            )
+            sim.every(config.fast_interval_s or args.interval_s, controller(sim), horizon)
         outcomes = sim.run(arrivals)
         by = {0: [], 1: []}
         for o in outcomes:
@@ -206,8 +232,10 @@ def run_experiment(args: argparse.Namespace) -> int:
         "gpu": args.gpu,
         "model": args.sim_model,
         "minutes": args.minutes,
+        "seed": args.seed,
         "interactive": {
             "trace": "azure_conv_2023.csv",
+            "shared_prefixes": args.interactive_prefixes,
             "rate_scale": args.rate_scale,
             "requests": classes_of.count(0),
             "class": interactive.model_dump(),
@@ -221,6 +249,11 @@ def run_experiment(args: argparse.Namespace) -> int:
         "planner": {"interval_s": args.interval_s, "startup_s": args.startup_s, "max_replicas": args.max_replicas}
         | {"best_effort_share": args.best_effort_share},
         "initial_replicas": {"prefill": initial[0], "decode": initial[1]},
+        **(
+            {"static_split": list(split), "interactive_queue_tokens": args.interactive_queue_tokens}
+            if any(n.startswith("static") for n in names)
+            else {}
+        ),
         "results": results,
         "series": series,
     }
