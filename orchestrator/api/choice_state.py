@@ -178,8 +178,8 @@ class ChoiceState:
             if not finished:
                 return None, None
             text, calls = tools.message("".join(self.content))
-            if calls is None:
-                return {"content": text}, finish
+            if not calls:  # no list of calls: nothing was a call, and nothing is content
+                return {}, finish
             return {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}, tools.finish_reason(
                 finish, True
             )

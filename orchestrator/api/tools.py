@@ -6,6 +6,9 @@ the tool calls are read back from the constrained text:
     named f     -> constraint: f's parameters schema;   calls: [f(text)]         finish "stop"
     "required"  -> constraint: [{name, parameters}, ...] (anyOf the tools);
                    calls: one per item                                          finish "tool_calls"
+                   (an output that is no such list, cut by max_tokens: no calls and no content;
+                   whole, `tool_calls: []` and "tool_calls" where the engine stopped; streamed,
+                   nothing and the engine's finish, as vLLM streams only the list's calls)
 
 Both follow vLLM 0.32 (`vllm/tool_parsers/utils.py::get_json_schema_from_tools`
 and `chat_completion/serving.py`); they are restated here because the frontend
@@ -37,7 +40,8 @@ class ToolMode:
     tools: tuple[Tool, ...] = ()  # "auto": the request's tools, which the parser may read
 
     def message(self, text: str) -> tuple[str, list[dict[str, Any]] | None]:
-        """(content, tool calls) of a finished output; calls None when it holds no whole call."""
+        """(content, tool calls) of a finished output; calls None when it holds no whole call ("auto"), [] when
+        a "required" output is no list of calls (vLLM's `TypeAdapter(list[FunctionDefinition])` failing)."""
         if self.parser is not None:
             content, calls = self.parser.parse(text, self.tools)
             return (content, calls) if calls else (text, None)
@@ -47,7 +51,7 @@ class ToolMode:
             items = json.loads(text)
             return "", [tool_call(i["name"], json.dumps(i["parameters"], ensure_ascii=False)) for i in items]
         except (ValueError, KeyError, TypeError):  # cut by length
-            return text, None
+            return "", []
 
     def finish_reason(self, engine_reason: str | None, called: bool) -> str | None:
         """As vLLM: "tool_calls" when auto found calls or required stopped; named keeps "stop"."""

@@ -386,6 +386,21 @@ def test_required_tool_choice_reads_each_call_from_the_constrained_list():
     assert [c["index"] for c in last["delta"]["tool_calls"]] == [0, 1] and last["finish_reason"] == "tool_calls"
 
 
+def test_required_tool_choice_output_that_is_no_list_of_calls_is_answered_as_vllms_server_answers_it():
+    """vLLM 0.32 (parser/abstract_parser.py, chat_completion/serving.py): whole, the failed list parse gives
+    content "" and `tool_calls: []`, and finish "tool_calls" where the engine stopped ("length" stays);
+    streamed, only the list's calls are sent, so nothing is, and the finish is the engine's."""
+    for max_tokens, finish in ((8, "stop"), (1, "length")):
+        fe = make_frontend(decode=FakePool("decode_pool", script=("Sorry, ", "no tool.")))
+        body = _chat(fe, max_tokens=max_tokens, tools=TOOLS, tool_choice="required").json()["choices"][0]
+        assert body["message"]["content"] == "" and body["message"]["tool_calls"] == []
+        assert body["finish_reason"] == ("tool_calls" if finish == "stop" else "length")
+        events = json_events(_chat(fe, max_tokens=max_tokens, tools=TOOLS, tool_choice="required", stream=True))
+        deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+        assert not any(d.get("content") or d.get("tool_calls") for d in deltas)
+        assert [e["choices"][0]["finish_reason"] for e in events if e["choices"]][-1] == finish
+
+
 # A tool-calling template in the style of Hermes 2 Pro's and Qwen2.5's (its text in expressions, which the
 # environment's trim_blocks leaves whole): an assistant's calls as <tool_call> JSON with the arguments as an object,
 # the results together in one user turn of <tool_response>s.
