@@ -1,10 +1,12 @@
-"""The OpenAI-compatible ASGI app. It holds no state of its own: a
-`CompletionService` does the work, and the callables given here report health
-and pools. The same app runs as the Ray Serve frontend and in unit tests."""
+"""The OpenAI-compatible ASGI app, with Anthropic's Messages API on the same chat path
+(`anthropic_messages.py`). It holds no state of its own: a `CompletionService` does the work, and the
+callables given here report health and pools. The same app runs as the Ray Serve frontend and in unit
+tests."""
 
 from __future__ import annotations
 
 import hmac
+import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,12 +16,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from orchestrator.api import anthropic_messages
 from orchestrator.api.errors import APIError
 from orchestrator.api.responses import Endpoint
 from orchestrator.api.service import CompletionService
 from orchestrator.traffic.policy import DEFAULT_TENANT
 
 SLO_CLASS_HEADER = "x-slo-class"  # the request's traffic class (else its body's `slo_class`, else a default)
+MESSAGES_PATH = "/v1/messages"  # Anthropic's Messages API
 
 
 @dataclass(frozen=True)
@@ -66,8 +70,12 @@ def _too_large(limit: int) -> APIError:
 
 
 def _bearer(request: Request) -> bytes | None:
+    """The key the request presents: `Authorization: Bearer`, else `x-api-key` (Anthropic's SDKs send it)."""
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip().encode() if scheme.lower() == "bearer" else None
+    if scheme.lower() == "bearer":
+        return token.strip().encode()
+    key = request.headers.get("x-api-key")
+    return key.strip().encode() if key else None
 
 
 def _authorized(request: Request, api_key: str) -> bool:
@@ -107,7 +115,9 @@ def _refusal(request: Request, hooks: AppHooks) -> APIError | None:
         tenant = _tenant(request, hooks)
         if tenant is None:
             return APIError(
-                401, "Incorrect or missing API key: send Authorization: Bearer <key>.", code="invalid_api_key"
+                401,
+                "Incorrect or missing API key: send Authorization: Bearer <key> (or x-api-key).",
+                code="invalid_api_key",
             )
         request.state.tenant = tenant
     if admin:
@@ -125,28 +135,32 @@ def _refusal(request: Request, hooks: AppHooks) -> APIError | None:
     return None
 
 
-def _error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+def _error_response(err: APIError, path: str = "") -> JSONResponse:
+    """`err` in the shape of the API `path` belongs to: Anthropic's for /v1/messages, else OpenAI's."""
+    body = anthropic_messages.error_body(err) if path == MESSAGES_PATH else err.body()
+    return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 
 def build_openai_app(service: CompletionService, hooks: AppHooks) -> FastAPI:
     app = FastAPI(title="orchestrator", docs_url=None, redoc_url=None)
 
     @app.exception_handler(APIError)
-    async def _api_error(_: Request, err: APIError) -> JSONResponse:
-        return _error_response(err)
+    async def _api_error(request: Request, err: APIError) -> JSONResponse:
+        return _error_response(err, _route_path(request))
 
     if hooks.user_keys or hooks.admin_key:
 
         @app.middleware("http")
         async def _auth(request: Request, call_next):
             refused = _refusal(request, hooks)
-            return _error_response(refused) if refused is not None else await call_next(request)
+            if refused is not None:
+                return _error_response(refused, _route_path(request))
+            return await call_next(request)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(_: Request, err: StarletteHTTPException) -> JSONResponse:
+    async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
         kind = "not_found_error" if err.status_code == 404 else "invalid_request_error"
-        return _error_response(APIError(err.status_code, str(err.detail), type=kind))
+        return _error_response(APIError(err.status_code, str(err.detail), type=kind), _route_path(request))
 
     async def _generate(endpoint: Endpoint, request: Request) -> Response:
         body = await _read_body(request, hooks.max_request_bytes)
@@ -168,6 +182,22 @@ def build_openai_app(service: CompletionService, hooks: AppHooks) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await _generate(Endpoint.CHAT, request)
+
+    @app.post(MESSAGES_PATH)
+    async def messages(request: Request) -> Response:
+        body = await _read_body(request, hooks.max_request_bytes)
+        req, chat = anthropic_messages.chat_request(body)
+        result = await service.handle(
+            Endpoint.CHAT,
+            json.dumps(chat).encode(),
+            traceparent=request.headers.get("traceparent"),
+            tenant=getattr(request.state, "tenant", DEFAULT_TENANT),
+            slo_class=request.headers.get(SLO_CLASS_HEADER),
+        )
+        if isinstance(result, dict):
+            return JSONResponse(anthropic_messages.message(result))
+        events = anthropic_messages.stream(result, req.model)
+        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

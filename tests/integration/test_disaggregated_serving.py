@@ -221,3 +221,34 @@ def test_models_health_and_metrics(apps):
         "orchestrator_requests_total",
     ):
         assert name in metrics
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_anthropics_sdk_gets_the_chat_answer_on_both_paths(apps, stream):
+    """Anthropic's Messages API runs the chat path: with Anthropic's SDK, greedy, the answer's text is the chat
+    endpoint's for the same conversation, on the disaggregated app (the prompt through the prefill pool) and
+    the aggregated one alike."""
+    import anthropic
+
+    system, user = text_prompt(40, seed=1), text_prompt(700, seed=31 + stream)
+
+    def message(app: str) -> str:
+        client = anthropic.Anthropic(api_key="unused", base_url=apps.url(app, ""), max_retries=0)
+        asked = dict(model=MODEL, max_tokens=24, temperature=0, system=system)
+        messages = [{"role": "user", "content": user}]
+        if not stream:
+            answer = client.messages.create(**asked, messages=messages)
+            assert answer.usage.output_tokens > 0
+            return "".join(b.text for b in answer.content if b.type == "text")
+        with client.messages.stream(**asked, messages=messages) as events:
+            return events.get_final_text()
+
+    disagg, route = routed(apps, "disagg", lambda: message("disagg"))
+    assert route == "remote_prefill"
+    chat_body = {
+        "model": MODEL,
+        "max_tokens": 24,
+        "temperature": 0,
+        "messages": [{"role": "system", "content": system}, {"role": "user", "content": user}],
+    }
+    assert disagg and disagg == chat_text(apps, "agg", chat_body) == message("agg")
