@@ -121,7 +121,14 @@ class MessagesRequest(BaseModel):
     top_k: int | None = None
     tools: list[ToolSpec] | None = None
     tool_choice: ToolChoice | None = None
-    metadata: dict[str, Any] | None = None  # accepted and not used, as vLLM
+    # Accepted and not used, as vLLM: what they ask of Anthropic's service changes nothing in the answer here.
+    metadata: dict[str, Any] | None = None
+    cache_control: dict[str, Any] | None = None
+    service_tier: str | None = None
+    inference_geo: str | None = None
+    speed: str | None = None
+    user_profile_id: str | None = None
+    workspace_id: str | None = None
     thinking: dict[str, Any] | None = None  # refused below: not served
     output_config: dict[str, Any] | None = None  # refused below: not served
 

@@ -234,7 +234,8 @@ def test_anthropics_sdk_gets_the_chat_answer_on_both_paths(apps, stream):
 
     def message(app: str) -> str:
         client = anthropic.Anthropic(api_key="unused", base_url=apps.url(app, ""), max_retries=0)
-        asked = dict(model=MODEL, max_tokens=24, temperature=0, system=system)
+        # Anthropic's SDK (2.14) has no `temperature` argument of its own: the body carries it.
+        asked = dict(model=MODEL, max_tokens=24, system=system, extra_body={"temperature": 0})
         messages = [{"role": "user", "content": user}]
         if not stream:
             answer = client.messages.create(**asked, messages=messages)

@@ -34,7 +34,12 @@ def test_a_message_whole_and_streamed_with_the_sdk():
     async def go():
         client = _client(fe)
         whole = await client.messages.create(
-            model=MODEL, max_tokens=8, system="Be brief.", messages=[{"role": "user", "content": "hi"}]
+            model=MODEL,
+            max_tokens=8,
+            system="Be brief.",
+            messages=[{"role": "user", "content": "hi"}],
+            service_tier="auto",  # accepted, unused
+            metadata={"user_id": "u1"},
         )
         async with client.messages.stream(
             model=MODEL, max_tokens=8, messages=[{"role": "user", "content": "hi"}]
