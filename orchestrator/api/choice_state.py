@@ -177,7 +177,7 @@ class ChoiceState:
             self.content.append(piece)
             if not finished:
                 return None, None
-            text, calls = tools.message("".join(self.content))
+            _, calls = tools.message("".join(self.content))
             if not calls:  # no list of calls: nothing was a call, and nothing is content
                 return {}, finish
             return {"tool_calls": [{"index": k, **call} for k, call in enumerate(calls)]}, tools.finish_reason(
