@@ -11,6 +11,7 @@ from ray.serve.config import AutoscalingConfig, AutoscalingPolicy, RequestRouter
 
 from deployments.engine_replica import DRAIN_TIMEOUT_S, EngineReplica
 from deployments.frontend import Frontend
+from deployments.response_store import ResponseStoreReplica
 from orchestrator.config import AppConfig, PlannerMode, PoolConfig, ServingMode
 from orchestrator.engines import check_app, engine_adapter, process_env
 from orchestrator.engines.base import EngineRole
@@ -128,7 +129,7 @@ def _group_pools(config: AppConfig, wire_secret: str) -> dict:
 
 def build_app(config: AppConfig) -> Application:
     """The whole graph: frontend -> decode pool (+ prefill pool when disaggregated),
-    and the same for every further pool group. Builds without starting
+    and the same for every further pool group; the Responses API's store beside them. Builds without starting
     anything, so a config can be checked offline."""
     check_app(config)
     args = config.model_dump(mode="json")
@@ -149,6 +150,11 @@ def build_app(config: AppConfig) -> Application:
         max_ongoing_requests=config.frontend.max_ongoing_requests,
         ray_actor_options={"num_cpus": config.frontend.num_cpus, "runtime_env": {"env_vars": REPLICA_ENV}},
     )
-    if config.pool_groups:
-        return frontend.bind(args, decode, prefill, _group_pools(config, wire_secret), wire_secret=wire_secret)
-    return frontend.bind(args, decode, prefill, wire_secret=wire_secret)
+    responses = config.frontend.responses
+    store = (
+        ResponseStoreReplica.options(name="response_store").bind(responses.max_stored, responses.max_stored_bytes)
+        if responses.store
+        else None
+    )
+    groups = (_group_pools(config, wire_secret),) if config.pool_groups else ()
+    return frontend.bind(args, decode, prefill, *groups, wire_secret=wire_secret, response_store=store)

@@ -14,6 +14,7 @@ from ray.serve.handle import DeploymentHandle
 from deployments.adapter_store import GcsAdapterStore
 from deployments.pool_client import ServePoolClient
 from deployments.process_priority import set_niceness
+from deployments.response_store import ServeResponseStore
 from deployments.serve_status import serve_http_host
 from orchestrator.api.app import AppHooks, Health, build_openai_app
 from orchestrator.api.exposure import exposure_problem
@@ -43,9 +44,11 @@ class Frontend:
         pool_groups: dict[str, list[DeploymentHandle | None]] | None = None,
         *,
         wire_secret: str,
+        response_store: DeploymentHandle | None = None,
     ) -> None:
         """`pool_groups`: further groups' handles, group name -> [decode, prefill or None]; `wire_secret`: the
-        application's data-plane secret (hex), proved to every replica."""
+        application's data-plane secret (hex), proved to every replica; `response_store`: the app's store of
+        Responses API responses (None: frontend.responses.store off)."""
         app = AppConfig.model_validate(config)
         self.config = app
         set_niceness(app.serving_niceness)
@@ -68,7 +71,14 @@ class Frontend:
         # Adapters loaded at run time: shared by this deploy's frontends (its data-plane secret names the deploy).
         deploy_id = hashlib.sha256(bytes.fromhex(wire_secret)).hexdigest()[:16]
         store = GcsAdapterStore(serve.get_replica_context().app_name, deploy_id)
-        self.parts = build_frontend(app, groups, tokenizer, tracer=self.tracer, adapter_store=store)
+        self.parts = build_frontend(
+            app,
+            groups,
+            tokenizer,
+            tracer=self.tracer,
+            adapter_store=store,
+            response_store=ServeResponseStore(response_store) if response_store is not None else None,
+        )
         self.parts.metrics.add_collector(fallbacks)
         # Secure by default: no key on a non-loopback address is a refusal to start, naming what to set.
         problem = exposure_problem(await serve_http_host(), app.frontend.auth, bool(app.traffic.tenants))
@@ -94,7 +104,7 @@ class Frontend:
             admin_key=self.admin_key,
             tenant_keys=self.tenant_keys,
         )
-        return build_openai_app(self.parts.service, hooks)
+        return build_openai_app(self.parts.service, hooks, self.parts.responses)
 
     async def _health(self) -> Health:
         return self.parts.health()

@@ -478,6 +478,24 @@ class DataPlane(str, enum.Enum):
     SERVE = "serve"  # Serve deployment-handle calls, each streamed chunk through Ray
 
 
+class ResponsesConfig(_Strict):
+    store: bool = Field(
+        default=True,
+        description="Keep the responses the Responses API is asked to store (`store: true`, its default), for "
+        "`previous_response_id`, `GET /v1/responses/{id}` and background responses. One store (a Serve replica "
+        "of its own) serves every frontend replica; it outlives frontend restarts, not its own. Off: `store` is "
+        "ignored, as vLLM's server does by default.",
+    )
+    max_stored: PositiveInt = Field(
+        default=10_000, description="Stored responses kept at most; past it the oldest are evicted."
+    )
+    max_stored_bytes: PositiveInt = Field(
+        default=256 * 2**20,
+        description="Bytes of stored responses (their JSON and their turns' messages) kept at most; past it the "
+        "oldest are evicted, and a response larger than this alone is not stored.",
+    )
+
+
 class FrontendConfig(_Strict):
     replicas: PositiveInt = Field(
         default=1,
@@ -517,6 +535,9 @@ class FrontendConfig(_Strict):
     auth: AuthConfig = Field(
         default=AuthConfig(),
         description="API key authentication of `/v1/*` and `/pools` (`/health` stays open).",
+    )
+    responses: ResponsesConfig = Field(
+        default=ResponsesConfig(), description="OpenAI's Responses API (`/v1/responses`): its store of responses."
     )
     data_plane: DataPlane = Field(
         default=DataPlane.DIRECT,

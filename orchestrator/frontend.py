@@ -7,6 +7,7 @@ the OpenAI service, and the reports `/health` and `/pools` serve.
     frontend = build_frontend(config, groups of PoolClients, tokenizer)
              = routing + metrics + a RequestPath per group + CompletionService
                + the KV event subscriber following every pool's replicas
+               + the Responses API's service over CompletionService, with its store
 
 The Ray Serve deployment (deployments/frontend.py) and the standalone sim
 server (tools/sim_server.py) call `build_frontend` with their own pool
@@ -23,8 +24,10 @@ from typing import Any
 
 from orchestrator.api.admission import AdmissionGate
 from orchestrator.api.app import Health
+from orchestrator.api.response_store import BoundedResponseStore, ResponseStore
+from orchestrator.api.responses_service import ResponsesService
 from orchestrator.api.service import CompletionService, ModelCard
-from orchestrator.config import PRIMARY_GROUP, AppConfig
+from orchestrator.config import PRIMARY_GROUP, AppConfig, ResponsesConfig
 from orchestrator.engines import publishes_kv_events, reasoning_parser, tool_call_parser
 from orchestrator.kv.subscriber import KVEventSubscriber
 from orchestrator.lora.adapter import LoraAdapter
@@ -64,6 +67,7 @@ class FrontendParts:
     service: CompletionService
     kv_events: KVEventSubscriber
     catalog: AdapterCatalog | None = None  # the model's LoRA adapters (model.lora); the shell keeps it fresh
+    responses: ResponsesService | None = None  # the Responses API over `service`, with its store
 
     def pools(self) -> dict[str, PoolClient]:
         """Every pool of every group, by name."""
@@ -124,11 +128,13 @@ def build_frontend(
     tracer: Tracer = NOOP_TRACER,
     adapter_store: AdapterStore | None = None,
     adapter_check: EngineCheck | None = None,
+    response_store: ResponseStore | None = None,
 ) -> FrontendParts:
     """The frontend over `groups` (the primary group first); `tokenizer` renders prompts and output text.
     With model.lora: `adapter_store` holds the adapters loaded at run time, shared by the app's frontends
     (by default this process's alone), and `adapter_check` has an engine load each before it is served (by
-    default a replica of the primary group's decode pool, `engine_probe`).
+    default a replica of the primary group's decode pool, `engine_probe`). `response_store`: the Responses
+    API's stored responses, shared by the app's frontends (by default this process's alone).
     `created` (the model card's), `wall_clock` (responses' `created`) and `new_id` (response ids) are
     injected for tests; by default the current time and random ids. `tracer`: the requests' spans
     (`orchestrator.tracing.tracer_from_config(config.tracing)`); by default tracing is off."""
@@ -179,7 +185,20 @@ def build_frontend(
         **({"new_id": new_id} if new_id is not None else {}),
     )
     kv_events = KVEventSubscriber(list(pools.values()), routing.ingest, metrics, subscribe=publishes_kv_events(config))
-    return FrontendParts(config, dict(groups), routing, metrics, paths, service, kv_events, catalog)
+    responses = ResponsesService(
+        service,
+        _response_store(frontend.responses, response_store),
+        wall_clock=wall_clock,
+        **({"new_id": new_id} if new_id is not None else {}),
+    )
+    return FrontendParts(config, dict(groups), routing, metrics, paths, service, kv_events, catalog, responses)
+
+
+def _response_store(config: ResponsesConfig, shared: ResponseStore | None) -> ResponseStore | None:
+    """The app's shared store where the shell has one, else one in this process; None with the store off."""
+    if not config.store:
+        return None
+    return shared or BoundedResponseStore(config.max_stored, config.max_stored_bytes)
 
 
 def _catalog(config: AppConfig, store: AdapterStore | None, check: EngineCheck | None) -> AdapterCatalog | None:

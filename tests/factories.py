@@ -279,7 +279,7 @@ def make_frontend(
         admin_key=admin_key,
         tenant_keys=tenant_keys or {},
     )
-    app = build_openai_app(parts.service, hooks)
+    app = build_openai_app(parts.service, hooks, parts.responses)
     return Frontend(parts.service, parts.metrics, decode, prefill, app, parts)
 
 

@@ -1,7 +1,7 @@
-"""The OpenAI-compatible ASGI app, with Anthropic's Messages API on the same chat path
-(`anthropic_messages.py`). It holds no state of its own: a `CompletionService` does the work, and the
-callables given here report health and pools. The same app runs as the Ray Serve frontend and in unit
-tests."""
+"""The OpenAI-compatible ASGI app, with OpenAI's Responses API (`responses_service.py`) and Anthropic's
+Messages API (`anthropic_messages.py`) on the same chat path. It holds no state of its own: a
+`CompletionService` does the work, and the callables given here report health and pools. The same app runs
+as the Ray Serve frontend and in unit tests."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from orchestrator.api import anthropic_messages
 from orchestrator.api.errors import APIError
+from orchestrator.api.response_store import BoundedResponseStore
 from orchestrator.api.responses import Endpoint
+from orchestrator.api.responses_service import ResponsesService
 from orchestrator.api.service import CompletionService
 from orchestrator.traffic.policy import DEFAULT_TENANT
 
@@ -141,7 +143,9 @@ def _error_response(err: APIError, path: str = "") -> JSONResponse:
     return JSONResponse(body, status_code=err.status, headers=err.headers)
 
 
-def build_openai_app(service: CompletionService, hooks: AppHooks) -> FastAPI:
+def build_openai_app(service: CompletionService, hooks: AppHooks, responses: ResponsesService | None = None) -> FastAPI:
+    """`responses`: the Responses API's service; by default one over `service` with a store in this process."""
+    responses = responses or ResponsesService(service, BoundedResponseStore())
     app = FastAPI(title="orchestrator", docs_url=None, redoc_url=None)
 
     @app.exception_handler(APIError)
@@ -198,6 +202,27 @@ def build_openai_app(service: CompletionService, hooks: AppHooks) -> FastAPI:
             return JSONResponse(anthropic_messages.message(result))
         events = anthropic_messages.stream(result, req.model)
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request) -> Response:
+        body = await _read_body(request, hooks.max_request_bytes)
+        result = await responses.create(
+            body,
+            traceparent=request.headers.get("traceparent"),
+            tenant=getattr(request.state, "tenant", DEFAULT_TENANT),
+            slo_class=request.headers.get(SLO_CLASS_HEADER),
+        )
+        if isinstance(result, dict):
+            return JSONResponse(result)
+        return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/v1/responses/{response_id}")
+    async def retrieve_response(response_id: str, stream: bool = False) -> JSONResponse:
+        return JSONResponse(await responses.retrieve(response_id, stream))
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: str) -> JSONResponse:
+        return JSONResponse(await responses.cancel(response_id))
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

@@ -127,6 +127,7 @@ def _deployments(app) -> dict:
             deployment = value._bound_deployment
             found[deployment.name] = deployment
             visit(deployment.init_args)
+            visit(list(deployment.init_kwargs.values()))
         elif isinstance(value, list | tuple):
             for item in value:
                 visit(item)
@@ -206,7 +207,7 @@ def test_config_builds_a_frontend_bound_to_one_deployment_per_pool(path):
     assert load_app_config(path).mode is expected_mode
 
     deployments = _built(path)
-    assert set(deployments) == {"frontend", *_pools_in_file(args)}
+    assert set(deployments) == {"frontend", "response_store", *_pools_in_file(args)}
     frontend, settings = deployments["frontend"], args.get("frontend", {})
     assert frontend.num_replicas == _setting(settings, FrontendConfig, "replicas")
     assert frontend.ray_actor_options["num_cpus"] == _setting(settings, FrontendConfig, "num_cpus")
@@ -218,6 +219,12 @@ def test_config_builds_a_frontend_bound_to_one_deployment_per_pool(path):
     }
     primary = ["decode_pool", "prefill_pool" if "prefill_pool" in args else None]
     assert [_bound_names(a) for a in frontend.init_args[1:]] == primary + ([groups] if groups else [])
+    # The Responses API's store: one replica, no CPU reserved, bound where Frontend takes it, with its bounds.
+    store = deployments["response_store"]
+    assert _bound_names(frontend.init_kwargs["response_store"]) == "response_store"
+    assert store.num_replicas == 1 and store.ray_actor_options["num_cpus"] == 0
+    responses = load_app_config(path).frontend.responses
+    assert store.init_args == (responses.max_stored, responses.max_stored_bytes)
 
 
 @pytest.mark.parametrize("path, name", _pools(), ids=lambda v: getattr(v, "name", v))
