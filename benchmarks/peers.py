@@ -57,10 +57,10 @@ def kv_cache_bytes(cfg: AppConfig) -> int:
 # -- vLLM's own OpenAI server ------------------------------------------------------------------------------------------
 
 
-def vllm_engine_args(cfg: AppConfig) -> list[str]:
+def vllm_engine_args(cfg: AppConfig, model_dir: Path = MODEL_DIR) -> list[str]:
     """vLLM command-line flags with our pools' engine settings (model, dtype, lengths, block size, KV bytes,
     prefix caching, eager mode), for every peer that runs a vLLM engine."""
-    args = ["--model", str(MODEL_DIR), "--served-model-name", cfg.model.name, "--dtype", cfg.model.dtype]
+    args = ["--model", str(model_dir), "--served-model-name", cfg.model.name, "--dtype", cfg.model.dtype]
     args += ["--max-model-len", str(cfg.model.max_model_len), "--block-size", str(cfg.kv_cache.block_size)]
     args += ["--kv-cache-memory-bytes", str(kv_cache_bytes(cfg)), "--enable-prefix-caching"]
     if cfg.decode_pool.engine.enforce_eager:
