@@ -1,6 +1,7 @@
-"""OpenAI's Responses API on the real CPU apps, driven by OpenAI's SDK, against vLLM's own server on the same
-engine settings: greedy, the answer is vLLM's, on the disaggregated app (its prompt through the prefill pool)
-and the aggregated one alike, whole and streamed; a conversation continued by `previous_response_id`;
+"""OpenAI's Responses API and Anthropic's Messages API on the real CPU apps, driven by their own SDKs, against
+vLLM's own server on the same engine settings: greedy, the answer is vLLM's, on the disaggregated app (its
+prompt through the prefill pool) and the aggregated one alike, whole and streamed; for Responses also a
+conversation continued by `previous_response_id`;
 `text.format`; a named function call; and the store shared by an app's two frontends."""
 
 from __future__ import annotations
@@ -165,3 +166,28 @@ def test_the_store_is_one_for_the_apps_two_frontends_and_a_background_response_l
     )
     landed = client.responses.retrieve(queued.id)
     assert landed.status in ("completed", "incomplete") and landed.usage.output_tokens > 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_anthropics_sdk_gets_vllms_own_answer_on_both_paths(apps, vllms_server, stream):
+    import anthropic
+
+    system, user = text_prompt(40, seed=5), text_prompt(700, seed=111 + stream)
+
+    def message(base_url: str):
+        client = anthropic.Anthropic(api_key="unused", base_url=base_url, max_retries=0)
+        # Anthropic's SDK (2.14) has no `temperature` argument of its own: the body carries it.
+        asked = dict(model=MODEL, max_tokens=24, system=system, extra_body={"temperature": 0})
+        messages = [{"role": "user", "content": user}]
+        if not stream:
+            return client.messages.create(**asked, messages=messages)
+        with client.messages.stream(**asked, messages=messages) as events:
+            return events.get_final_message()
+
+    theirs = message(vllms_server)
+    disagg, route = routed(apps, "disagg", lambda: message(apps.url("disagg", "")))
+    assert route == "remote_prefill"
+    agg = message(apps.url("agg", ""))
+    text = lambda m: "".join(b.text for b in m.content if b.type == "text")  # noqa: E731
+    assert text(theirs) and text(disagg) == text(agg) == text(theirs)
+    assert disagg.stop_reason == theirs.stop_reason and disagg.usage.output_tokens == theirs.usage.output_tokens
