@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,6 +137,27 @@ def _refusal(request: Request, hooks: AppHooks) -> APIError | None:
     return None
 
 
+def _tenant_of(request: Request) -> str:
+    """The tenant whose key opened the request (`_refusal` sets it; with no keys configured, `default`)."""
+    return getattr(request.state, "tenant", DEFAULT_TENANT)
+
+
+def _carried(request: Request) -> dict[str, Any]:
+    """What a generation request carries beside its body: its trace context, tenant and SLO class header."""
+    return {
+        "traceparent": request.headers.get("traceparent"),
+        "tenant": _tenant_of(request),
+        "slo_class": request.headers.get(SLO_CLASS_HEADER),
+    }
+
+
+def _answer(result: dict[str, Any] | AsyncIterator[Any]) -> Response:
+    """A whole answer as JSON; a stream as server-sent events."""
+    if isinstance(result, dict):
+        return JSONResponse(result)
+    return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
 def _error_response(err: APIError, path: str = "") -> JSONResponse:
     """`err` in the shape of the API `path` belongs to: Anthropic's for /v1/messages, else OpenAI's."""
     body = anthropic_messages.error_body(err) if path == MESSAGES_PATH else err.body()
@@ -168,16 +189,7 @@ def build_openai_app(service: CompletionService, hooks: AppHooks, responses: Res
 
     async def _generate(endpoint: Endpoint, request: Request) -> Response:
         body = await _read_body(request, hooks.max_request_bytes)
-        result = await service.handle(
-            endpoint,
-            body,
-            traceparent=request.headers.get("traceparent"),
-            tenant=getattr(request.state, "tenant", DEFAULT_TENANT),
-            slo_class=request.headers.get(SLO_CLASS_HEADER),
-        )
-        if isinstance(result, dict):
-            return JSONResponse(result)
-        return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return _answer(await service.handle(endpoint, body, **_carried(request)))
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:
@@ -191,38 +203,23 @@ def build_openai_app(service: CompletionService, hooks: AppHooks, responses: Res
     async def messages(request: Request) -> Response:
         body = await _read_body(request, hooks.max_request_bytes)
         req, chat = anthropic_messages.chat_request(body)
-        result = await service.handle(
-            Endpoint.CHAT,
-            json.dumps(chat).encode(),
-            traceparent=request.headers.get("traceparent"),
-            tenant=getattr(request.state, "tenant", DEFAULT_TENANT),
-            slo_class=request.headers.get(SLO_CLASS_HEADER),
-        )
+        result = await service.handle(Endpoint.CHAT, json.dumps(chat).encode(), **_carried(request))
         if isinstance(result, dict):
             return JSONResponse(anthropic_messages.message(result))
-        events = anthropic_messages.stream(result, req.model)
-        return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return _answer(anthropic_messages.stream(result, req.model))
 
     @app.post("/v1/responses")
     async def create_response(request: Request) -> Response:
         body = await _read_body(request, hooks.max_request_bytes)
-        result = await responses.create(
-            body,
-            traceparent=request.headers.get("traceparent"),
-            tenant=getattr(request.state, "tenant", DEFAULT_TENANT),
-            slo_class=request.headers.get(SLO_CLASS_HEADER),
-        )
-        if isinstance(result, dict):
-            return JSONResponse(result)
-        return StreamingResponse(result, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return _answer(await responses.create(body, **_carried(request)))
 
     @app.get("/v1/responses/{response_id}")
-    async def retrieve_response(response_id: str, stream: bool = False) -> JSONResponse:
-        return JSONResponse(await responses.retrieve(response_id, stream))
+    async def retrieve_response(request: Request, response_id: str, stream: bool = False) -> JSONResponse:
+        return JSONResponse(await responses.retrieve(response_id, _tenant_of(request), stream))
 
     @app.post("/v1/responses/{response_id}/cancel")
-    async def cancel_response(response_id: str) -> JSONResponse:
-        return JSONResponse(await responses.cancel(response_id))
+    async def cancel_response(request: Request, response_id: str) -> JSONResponse:
+        return JSONResponse(await responses.cancel(response_id, _tenant_of(request)))
 
     @app.get("/v1/models")
     async def models() -> JSONResponse:

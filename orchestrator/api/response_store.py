@@ -21,16 +21,18 @@ RUNNING = frozenset({"queued", "in_progress"})
 
 @dataclass(frozen=True)
 class StoredResponse:
-    """A response object and the chat messages its turn was asked with (what the next turn continues), as JSON."""
+    """A response object and the chat messages its turn was asked with (what the next turn continues), as JSON;
+    `tenant`: whose key made it (only that tenant's requests find it)."""
 
     id: str
     status: str
+    tenant: str
     response_json: bytes
     messages_json: bytes
 
     @classmethod
-    def of(cls, response: dict[str, Any], messages: list[dict[str, Any]]) -> StoredResponse:
-        return cls(response["id"], response["status"], _dump(response), _dump(messages))
+    def of(cls, response: dict[str, Any], messages: list[dict[str, Any]], tenant: str) -> StoredResponse:
+        return cls(response["id"], response["status"], tenant, _dump(response), _dump(messages))
 
     @property
     def size(self) -> int:
@@ -43,7 +45,8 @@ class StoredResponse:
         return json.loads(self.messages_json)
 
     def with_status(self, status: str) -> StoredResponse:
-        return StoredResponse(self.id, status, _dump(self.response() | {"status": status}), self.messages_json)
+        response = _dump(self.response() | {"status": status})
+        return StoredResponse(self.id, status, self.tenant, response, self.messages_json)
 
 
 def _dump(value: Any) -> bytes:

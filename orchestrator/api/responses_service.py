@@ -6,6 +6,7 @@ turns they store in a `ResponseStore` (shared by the app's frontends):
               (with the turn's messages, for the next turn). `background`: answered at once, `queued`, after
               preparation and admission (their errors are the request's); the answer runs here and is stored
     retrieve  the stored response object (404 when there is none)
+    tenants   a stored response is its tenant's: another tenant's request finds none (404), as for an unknown id
     cancel    a queued or in-progress background response: cancelled in the store (final there), and its run,
               on whichever frontend runs it, aborted: here at once, elsewhere when that frontend next reads
               the store's cancelled ids (every `cancel_poll_s` while it runs background responses)
@@ -68,7 +69,7 @@ class ResponsesService:
                 raise APIError(400, f"background: {reason}", param="background")
             if req.stream:
                 raise APIError(400, "background: a streamed background response is not served", param="background")
-        previous = await self._previous(req.previous_response_id)
+        previous = await self._previous(req.previous_response_id, tenant)
         chat = api.chat_request(req, previous, reads_calls=self.chat.preparer.tool_parser is not None)
         messages = chat["messages"]
         base = api.head(req, f"resp_{self.new_id()}", int(self.wall_clock()), req.model or self.chat.model.name)
@@ -80,7 +81,7 @@ class ResponsesService:
 
         async def keep(response: dict[str, Any]) -> None:
             if store is not None:
-                await store.put(StoredResponse.of(response, messages))
+                await store.put(StoredResponse.of(response, messages, tenant))
 
         if isinstance(result, dict):
             response = api.finished(base, api.output_items(result, self.new_id), _finish(result), result.get("usage"))
@@ -94,16 +95,14 @@ class ResponsesService:
         self._start(queued["id"], self._run(result, events, keep))
         return queued
 
-    async def retrieve(self, response_id: str, stream: bool = False) -> dict[str, Any]:
+    async def retrieve(self, response_id: str, tenant: str = DEFAULT_TENANT, stream: bool = False) -> dict[str, Any]:
         if stream:
             raise APIError(400, "stream: replaying a stored response's events is not served", param="stream")
-        record = await self.store.get(response_id) if self.store is not None else None
-        if record is None:
-            raise not_found(response_id)
-        return record.response()
+        return (await self._stored(response_id, tenant)).response()
 
-    async def cancel(self, response_id: str) -> dict[str, Any]:
-        record = await self.store.cancel(response_id) if self.store is not None else None
+    async def cancel(self, response_id: str, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
+        await self._stored(response_id, tenant)
+        record = await self.store.cancel(response_id)
         if record is None:
             raise not_found(response_id)
         if record.status != "cancelled":
@@ -118,13 +117,18 @@ class ResponsesService:
             task.cancel()
         return record.response()
 
-    async def _previous(self, response_id: str | None) -> api.PreviousTurn | None:
+    async def _previous(self, response_id: str | None, tenant: str) -> api.PreviousTurn | None:
         if response_id is None:
             return None
-        record = await self.store.get(response_id) if self.store is not None else None
-        if record is None:
-            raise not_found(response_id)
+        record = await self._stored(response_id, tenant)
         return api.PreviousTurn(record.messages(), record.response()["output"])
+
+    async def _stored(self, response_id: str, tenant: str) -> StoredResponse:
+        """`tenant`'s stored response `response_id` (404 when there is none)."""
+        record = await self.store.get(response_id) if self.store is not None else None
+        if record is None or record.tenant != tenant:
+            raise not_found(response_id)
+        return record
 
     async def _run(self, chat_sse: Any, events: ResponseEvents, keep: Callable[[dict[str, Any]], Any]) -> None:
         """A background response's answer, read to its end and stored (unless it was cancelled meanwhile)."""

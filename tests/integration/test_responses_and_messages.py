@@ -20,16 +20,10 @@ from benchmarks.peers import vllm_engine_args
 from orchestrator.engines.vllm_engine import process_env
 from tests.integration.conftest import app_config
 from tests.integration.test_disaggregated_serving import MODEL, chat_text, routed, text_prompt
+from tests.integration.test_openai_parity import SCHEMA, WEATHER
 from tests.integration.test_sim_app import SIM_MODEL
 
 pytestmark = pytest.mark.integration
-
-SCHEMA = {
-    "type": "object",
-    "properties": {"color": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
-    "required": ["color", "ok"],
-    "additionalProperties": False,
-}
 
 
 @pytest.fixture(scope="module")
@@ -120,16 +114,7 @@ def test_text_format_holds_the_answer_to_its_schema_as_vllm_does(apps, vllms_ser
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
 def test_a_named_function_call_validates_and_is_the_same_on_both_paths(apps, stream):
-    tool = {
-        "type": "function",
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"unit": {"enum": ["c", "f"]}, "days": {"type": "boolean"}},
-            "required": ["unit", "days"],
-            "additionalProperties": False,
-        },
-    }
+    tool = {"type": "function", **WEATHER["function"]}  # the chat tests' function, in the Responses form
     # Seeded sampling, as the chat tool-choice tests.
     asked = dict(
         model=MODEL,

@@ -440,3 +440,28 @@ def test_the_service_needs_no_app():
     service = ResponsesService(fe.service, BoundedResponseStore(), new_id=lambda: "1")
     response = run(service.create(json.dumps({"model": MODEL, "input": "hi"}).encode()))
     assert response["id"] == "resp_1" and run(service.retrieve("resp_1"))["output"] == response["output"]
+
+
+def test_a_stored_response_is_its_tenants_alone():
+    """Another tenant's key finds no stored response of this one: not to read, continue or cancel (404, as an
+    unknown id)."""
+    from tests.unit.test_slo_classes import CLASSES, KEYS
+
+    fe = make_frontend(
+        decode=FakePool("decode_pool", script=("ok",)), traffic=CLASSES, tenant_keys=KEYS, disaggregated=True
+    )
+    chat, jobs = ({"authorization": f"Bearer {KEYS[t]}"} for t in ("chat", "jobs"))
+
+    async def go():
+        async with fe.client() as c:
+            made = (await c.post("/v1/responses", json={"model": MODEL, "input": "hi"}, headers=chat)).json()
+            follow = {"model": MODEL, "input": "more", "previous_response_id": made["id"]}
+            return [
+                (await c.get(f"/v1/responses/{made['id']}", headers=jobs)).status_code,
+                (await c.post("/v1/responses", json=follow, headers=jobs)).status_code,
+                (await c.post(f"/v1/responses/{made['id']}/cancel", headers=jobs)).status_code,
+                (await c.get(f"/v1/responses/{made['id']}", headers=chat)).status_code,
+                (await c.post("/v1/responses", json=follow, headers=chat)).status_code,
+            ]
+
+    assert run(go()) == [404, 404, 404, 200, 200]
