@@ -404,7 +404,7 @@ def head(req: ResponsesRequest, response_id: str, created_at: int, model: str) -
         "output": [],
         "parallel_tool_calls": True if req.parallel_tool_calls is None else req.parallel_tool_calls,
         "temperature": 1.0 if req.temperature is None else req.temperature,
-        "tool_choice": req.tool_choice if isinstance(req.tool_choice, str) else req.tool_choice.model_dump(),
+        "tool_choice": _tool_choice_of(req),
         "tools": req.tools,
         "top_p": 1.0 if req.top_p is None else req.top_p,
         "background": req.background,
@@ -422,6 +422,13 @@ def head(req: ResponsesRequest, response_id: str, created_at: int, model: str) -
         "user": req.user,
         "error": None,
     }
+
+
+def _tool_choice_of(req: ResponsesRequest) -> str | dict[str, Any]:
+    """The tool choice a response reports: with no tools, "auto" is "none" (vLLM's `check_tool_usage`)."""
+    if isinstance(req.tool_choice, NamedToolChoice):
+        return req.tool_choice.model_dump()
+    return "none" if req.tool_choice == "auto" and not req.tools else req.tool_choice
 
 
 def finished(base: dict[str, Any], output: list[dict[str, Any]], finish: str | None, chat_usage: Any) -> dict:

@@ -50,6 +50,7 @@ def test_a_response_whole_and_streamed_with_the_sdk():
     whole, kinds, final = run(go())
     assert whole.id.startswith("resp_") and whole.status == "completed" and whole.model == MODEL
     assert whole.output_text == "Hello there" and whole.instructions == "Be brief." and whole.metadata == {"k": "v"}
+    assert whole.tool_choice == "none" and whole.tools == []  # no tools: "auto" reported as "none", as vLLM
     assert whole.usage.output_tokens == 2 and whole.usage.input_tokens == whole.usage.total_tokens - 2
     assert final.output_text == "Hello there" and final.status == "completed"
     assert kinds == [
