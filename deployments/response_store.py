@@ -11,7 +11,7 @@ from __future__ import annotations
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from orchestrator.api.response_store import BoundedResponseStore, StoredResponse
+from orchestrator.api.response_store import BoundedResponseStore, Put, StoredResponse
 
 
 @serve.deployment(num_replicas=1, ray_actor_options={"num_cpus": 0}, max_ongoing_requests=4096)
@@ -21,7 +21,7 @@ class ResponseStoreReplica:
     def __init__(self, max_responses: int, max_bytes: int) -> None:
         self.store = BoundedResponseStore(max_responses, max_bytes)
 
-    async def put(self, record: StoredResponse) -> bool:
+    async def put(self, record: StoredResponse) -> Put:
         return await self.store.put(record)
 
     async def get(self, response_id: str) -> StoredResponse | None:
@@ -40,7 +40,7 @@ class ServeResponseStore:
     def __init__(self, handle: DeploymentHandle) -> None:
         self.handle = handle
 
-    async def put(self, record: StoredResponse) -> bool:
+    async def put(self, record: StoredResponse) -> Put:
         return await self.handle.put.remote(record)
 
     async def get(self, response_id: str) -> StoredResponse | None:

@@ -229,6 +229,13 @@ class FrontendMetrics:
         self.prefill_latency = Histogram(
             f"{PREFIX}_remote_prefill_seconds", "Latency of remote prefill calls.", registry=r, buckets=TTFT_BUCKETS
         )
+        self.responses_unstored = Counter(
+            f"{PREFIX}_responses_unstored",
+            "Responses API answers asked to be stored and answered unstored, by reason (too_large: past the store's "
+            "byte bound alone; unreachable: the store did not answer).",
+            ["reason"],
+            registry=r,
+        )
         self.kv_event_batches = Counter(
             f"{PREFIX}_kv_event_batches", "KV event batches applied to the index.", registry=r
         )

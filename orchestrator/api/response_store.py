@@ -10,6 +10,7 @@ holds a `BoundedResponseStore` in one Serve replica); tests and single-process a
 
 from __future__ import annotations
 
+import enum
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -17,6 +18,14 @@ from typing import Any, Protocol
 
 # Statuses a background response can still be cancelled in.
 RUNNING = frozenset({"queued", "in_progress"})
+
+
+class Put(str, enum.Enum):
+    """What a put did."""
+
+    KEPT = "kept"
+    TOO_LARGE = "too_large"  # larger than the store's byte bound alone: not kept
+    CANCELLED = "cancelled"  # its id is cancelled: the cancelled record stands
 
 
 @dataclass(frozen=True)
@@ -54,8 +63,8 @@ def _dump(value: Any) -> bytes:
 
 
 class ResponseStore(Protocol):
-    async def put(self, record: StoredResponse) -> bool:
-        """Keeps `record` (replacing its id's, unless that one is cancelled); False if it is not kept."""
+    async def put(self, record: StoredResponse) -> Put:
+        """Keeps `record` (replacing its id's, unless that one is cancelled)."""
         ...
 
     async def get(self, response_id: str) -> StoredResponse | None: ...
@@ -84,19 +93,19 @@ class BoundedResponseStore:
     def __len__(self) -> int:
         return len(self._records)
 
-    async def put(self, record: StoredResponse) -> bool:
+    async def put(self, record: StoredResponse) -> Put:
         key = record.id
         if key in self._cancelled:
-            return False
+            return Put.CANCELLED
         if record.size > self.max_bytes:
-            return False
+            return Put.TOO_LARGE
         old = self._records.get(key)
         if old is not None:
             self.bytes -= old.size
         self._records[key] = record
         self.bytes += record.size
         self._evict()
-        return key in self._records
+        return Put.KEPT
 
     async def get(self, response_id: str) -> StoredResponse | None:
         return self._records.get(response_id)

@@ -7,6 +7,8 @@ turns they store in a `ResponseStore` (shared by the app's frontends):
               preparation and admission (their errors are the request's); the answer runs here and is stored
     retrieve  the stored response object (404 when there is none)
     tenants   a stored response is its tenant's: another tenant's request finds none (404), as for an unknown id
+    store     a store that refuses a response (larger than its byte bound) or does not answer leaves it answered
+              and unstored (orchestrator_responses_unstored_total); a previous turn it cannot read is a 503
     cancel    a queued or in-progress background response: cancelled in the store (final there), and its run,
               on whichever frontend runs it, aborted: here at once, elsewhere when that frontend next reads
               the store's cancelled ids (every `cancel_poll_s` while it runs background responses)
@@ -22,13 +24,13 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from orchestrator.api import openai_responses as api
-from orchestrator.api.errors import APIError
+from orchestrator.api.errors import APIError, unavailable
 from orchestrator.api.openai_responses_stream import ResponseEvents, stream
-from orchestrator.api.response_store import ResponseStore, StoredResponse
+from orchestrator.api.response_store import Put, ResponseStore, StoredResponse
 from orchestrator.api.responses import Endpoint
 from orchestrator.api.service import CompletionService
 from orchestrator.traffic.policy import DEFAULT_TENANT
@@ -81,7 +83,7 @@ class ResponsesService:
 
         async def keep(response: dict[str, Any]) -> None:
             if store is not None:
-                await store.put(StoredResponse.of(response, messages, tenant))
+                await self._keep(store, StoredResponse.of(response, messages, tenant))
 
         if isinstance(result, dict):
             response = api.finished(base, api.output_items(result, self.new_id), _finish(result), result.get("usage"))
@@ -102,7 +104,7 @@ class ResponsesService:
 
     async def cancel(self, response_id: str, tenant: str = DEFAULT_TENANT) -> dict[str, Any]:
         await self._stored(response_id, tenant)
-        record = await self.store.cancel(response_id)
+        record = await _answered(self.store.cancel(response_id))
         if record is None:
             raise not_found(response_id)
         if record.status != "cancelled":
@@ -124,11 +126,23 @@ class ResponsesService:
         return api.PreviousTurn(record.messages(), record.response()["output"])
 
     async def _stored(self, response_id: str, tenant: str) -> StoredResponse:
-        """`tenant`'s stored response `response_id` (404 when there is none)."""
-        record = await self.store.get(response_id) if self.store is not None else None
+        """`tenant`'s stored response `response_id` (404 when there is none; 503 when the store does not answer)."""
+        record = await _answered(self.store.get(response_id)) if self.store is not None else None
         if record is None or record.tenant != tenant:
             raise not_found(response_id)
         return record
+
+    async def _keep(self, store: ResponseStore, record: StoredResponse) -> None:
+        """Stores `record`; a store that refuses it or does not answer leaves the answer unstored (counted),
+        never lost."""
+        try:
+            put = await store.put(record)
+        except Exception:
+            log.warning("storing response %s failed", record.id, exc_info=True)
+            self.chat.metrics.responses_unstored.labels("unreachable").inc()
+            return
+        if put is Put.TOO_LARGE:
+            self.chat.metrics.responses_unstored.labels("too_large").inc()
 
     async def _run(self, chat_sse: Any, events: ResponseEvents, keep: Callable[[dict[str, Any]], Any]) -> None:
         """A background response's answer, read to its end and stored (unless it was cancelled meanwhile)."""
@@ -162,6 +176,15 @@ class ResponsesService:
                 task = self._running.get(response_id)
                 if task is not None:
                     task.cancel()
+
+
+async def _answered(call: Awaitable[Any]) -> Any:
+    """The store's answer to `call`; a 503 when it gives none."""
+    try:
+        return await call
+    except Exception:
+        log.warning("the response store did not answer", exc_info=True)
+        raise unavailable("the response store did not answer; retry") from None
 
 
 def _finish(chat: dict[str, Any]) -> str | None:

@@ -466,3 +466,31 @@ def test_a_stored_response_is_its_tenants_alone():
             ]
 
     assert run(go()) == [404, 404, 404, 200, 200]
+
+
+class _UnreachableStore(BoundedResponseStore):
+    """A store whose replica does not answer (the far side of the store's boundary)."""
+
+    async def put(self, record):
+        raise ConnectionError("store replica gone")
+
+    async def get(self, response_id):
+        raise ConnectionError("store replica gone")
+
+
+def test_a_store_that_fails_or_refuses_leaves_the_answer_served_and_counted():
+    fe = make_frontend(decode=FakePool("decode_pool", script=("ok",)))
+    fe.parts.responses.store = _UnreachableStore()
+    whole = post(fe, "/v1/responses", {"model": MODEL, "input": "hi"})
+    streamed = post(fe, "/v1/responses", {"model": MODEL, "input": "hi", "stream": True})
+    assert whole.status_code == 200 and whole.json()["output"][0]["content"][0]["text"] == "ok"
+    assert streamed.status_code == 200 and '"type": "response.completed"' in streamed.text
+    assert fe.metric("orchestrator_responses_unstored_total", {"reason": "unreachable"}) == 2
+    # A previous turn the store cannot give: a 503 in OpenAI's shape, nothing guessed.
+    follow = post(fe, "/v1/responses", {"model": MODEL, "input": "more", "previous_response_id": whole.json()["id"]})
+    assert follow.status_code == 503 and follow.json()["error"]["code"] == "service_unavailable"
+    # A response larger than the store's byte bound alone: answered, not stored, counted.
+    fe.parts.responses.store = BoundedResponseStore(max_bytes=100)
+    big = post(fe, "/v1/responses", {"model": MODEL, "input": "hi"})
+    assert big.status_code == 200 and len(fe.parts.responses.store) == 0
+    assert fe.metric("orchestrator_responses_unstored_total", {"reason": "too_large"}) == 1
