@@ -326,54 +326,50 @@ class _Blocks:
         return [_event("content_block_stop", {"type": "content_block_stop", "index": self.index})]
 
 
-async def stream(chat_sse: AsyncGenerator[str, None], model: str) -> AsyncIterator[bytes]:
-    """Anthropic's event stream of a chat completion's SSE stream (its first choice; usage from its last
-    chunk, which `chat_request` asks for)."""
+async def stream(chat_chunks: AsyncGenerator[dict[str, Any], None], model: str) -> AsyncIterator[bytes]:
+    """Anthropic's event stream of a chat completion's stream (its chunks' payloads, unframed: the service's
+    `framed=False`; its first choice; usage from its last chunk, which `chat_request` asks for)."""
     try:
-        async for event in _events(chat_sse, model):
+        async for event in _events(chat_chunks, model):
             yield event
     finally:  # a client gone: the chat stream closes at once (its engine requests aborted, its slot given back)
-        await chat_sse.aclose()
+        await chat_chunks.aclose()
 
 
-async def _events(chat_sse: AsyncIterator[str], model: str) -> AsyncIterator[bytes]:
+async def _events(chat_chunks: AsyncIterator[dict[str, Any]], model: str) -> AsyncIterator[bytes]:
     blocks = _Blocks()
     started = False
     finish, stop, called, tail_usage = None, None, False, None
-    async for raw in chat_sse:
-        for line in raw.split("\n"):
-            if not line.startswith("data: ") or line == "data: [DONE]":
+    async for chunk in chat_chunks:
+        if "error" in chunk:  # the chat stream's own error event: its OpenAI type kept where Anthropic has it
+            kind = "invalid_request_error" if chunk["error"].get("type") == "invalid_request_error" else "api_error"
+            yield _event("error", {"type": "error", "error": {"type": kind, "message": chunk["error"]["message"]}})
+            return
+        if not started:
+            started = True
+            head = {
+                "id": message_id(chunk["id"]),
+                "type": "message",
+                "role": "assistant",
+                "model": model,
+                "content": [],
+                "stop_reason": None,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 0, "output_tokens": 0},
+            }
+            yield _event("message_start", {"type": "message_start", "message": head})
+        if chunk.get("usage"):
+            tail_usage = chunk["usage"]
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) != 0:
                 continue
-            chunk = json.loads(line[len("data: ") :])
-            if "error" in chunk:  # the chat stream's own error event: its OpenAI type kept where Anthropic has it
-                kind = "invalid_request_error" if chunk["error"].get("type") == "invalid_request_error" else "api_error"
-                yield _event("error", {"type": "error", "error": {"type": kind, "message": chunk["error"]["message"]}})
-                return
-            if not started:
-                started = True
-                head = {
-                    "id": message_id(chunk["id"]),
-                    "type": "message",
-                    "role": "assistant",
-                    "model": model,
-                    "content": [],
-                    "stop_reason": None,
-                    "stop_sequence": None,
-                    "usage": {"input_tokens": 0, "output_tokens": 0},
-                }
-                yield _event("message_start", {"type": "message_start", "message": head})
-            if chunk.get("usage"):
-                tail_usage = chunk["usage"]
-            for choice in chunk.get("choices") or []:
-                if choice.get("index", 0) != 0:
-                    continue
-                delta = choice.get("delta") or {}
-                for piece in _deltas(blocks, delta):
-                    yield piece
-                if delta.get("tool_calls"):
-                    called = True
-                if choice.get("finish_reason"):
-                    finish, stop = choice["finish_reason"], choice.get("stop_reason")
+            delta = choice.get("delta") or {}
+            for piece in _deltas(blocks, delta):
+                yield piece
+            if delta.get("tool_calls"):
+                called = True
+            if choice.get("finish_reason"):
+                finish, stop = choice["finish_reason"], choice.get("stop_reason")
     if not started:
         return
     if blocks.index < 0:  # no content at all: one empty text block, as vLLM sends

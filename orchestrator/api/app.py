@@ -203,7 +203,7 @@ def build_openai_app(service: CompletionService, hooks: AppHooks, responses: Res
     async def messages(request: Request) -> Response:
         body = await _read_body(request, hooks.max_request_bytes)
         req, chat = anthropic_messages.chat_request(body)
-        result = await service.handle(Endpoint.CHAT, json.dumps(chat).encode(), **_carried(request))
+        result = await service.handle(Endpoint.CHAT, json.dumps(chat).encode(), **_carried(request), framed=False)
         if isinstance(result, dict):
             return JSONResponse(anthropic_messages.message(result))
         return _answer(anthropic_messages.stream(result, req.model))

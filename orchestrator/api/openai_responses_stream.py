@@ -12,7 +12,8 @@ sends it for a model without Harmony (`SimpleStreamingEventProcessor`):
     response.completed                                         the whole response (status incomplete at length)
 
 Every event has a `sequence_number`, from 0. An error after the start: an `error` event, and the stream ends.
-Each chat delta is read once; the items' text is kept once, for their `done` events and the final response.
+Each chat delta is read once, as the service's dict (never framed and parsed back); the items' text is kept
+once, for their `done` events and the final response.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class ResponseEvents:
         self.output: list[dict[str, Any]] = []
         self.finish: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.error: dict[str, Any] | None = None  # what failed the answer, once the stream has said it
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any]:
         out = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -186,34 +188,32 @@ def _sse(event: dict[str, Any]) -> bytes:
 
 
 async def stream(
-    chat_sse: AsyncGenerator[str, None],
+    chat_chunks: AsyncGenerator[dict[str, Any], None],
     events: ResponseEvents,
     on_complete: Callable[[dict[str, Any]], Awaitable[None]],
 ) -> AsyncIterator[bytes]:
-    """The Responses events of `chat_sse`; `on_complete` gets the whole response before `response.completed`
-    is sent (where it is stored)."""
+    """The Responses events of a chat completion's stream (its chunks' payloads, unframed: the service's
+    `framed=False`); `on_complete` gets the whole response before `response.completed` is sent (where it is
+    stored)."""
     try:
         for event in events.start():
             yield _sse(event)
-        async for raw in chat_sse:
-            for line in raw.split("\n"):
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line[len("data: ") :])
-                if "error" in chunk:  # the chat stream's own error event, in the Responses API's error event
-                    error = chunk["error"]
-                    fields = {"code": error.get("code"), "message": error["message"], "param": error.get("param")}
-                    yield _sse(events.event("error", **fields))
-                    return
-                if chunk.get("usage"):
-                    events.usage = chunk["usage"]
-                for choice in chunk.get("choices") or []:
-                    if choice.get("index", 0) == 0:
-                        for event in events.delta(choice):
-                            yield _sse(event)
+        async for chunk in chat_chunks:
+            if "error" in chunk:  # the chat stream's own error event, in the Responses API's error event
+                error = chunk["error"]
+                fields = {"code": error.get("code"), "message": error["message"], "param": error.get("param")}
+                events.error = fields
+                yield _sse(events.event("error", **fields))
+                return
+            if chunk.get("usage"):
+                events.usage = chunk["usage"]
+            for choice in chunk.get("choices") or []:
+                if choice.get("index", 0) == 0:
+                    for event in events.delta(choice):
+                        yield _sse(event)
         final = events.end()
         await on_complete(events.response)
         for event in final:
             yield _sse(event)
     finally:  # a client gone: the chat stream closes at once (its engine requests aborted, its slot given back)
-        await chat_sse.aclose()
+        await chat_chunks.aclose()

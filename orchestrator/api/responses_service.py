@@ -78,7 +78,12 @@ class ResponsesService:
         if req.background:
             chat |= {"stream": True, "stream_options": {"include_usage": True}}
         result = await self.chat.handle(
-            Endpoint.CHAT, json.dumps(chat).encode(), traceparent=traceparent, tenant=tenant, slo_class=slo_class
+            Endpoint.CHAT,
+            json.dumps(chat).encode(),
+            traceparent=traceparent,
+            tenant=tenant,
+            slo_class=slo_class,
+            framed=False,
         )
 
         async def keep(response: dict[str, Any]) -> None:
@@ -144,17 +149,18 @@ class ResponsesService:
         if put is Put.TOO_LARGE:
             self.chat.metrics.responses_unstored.labels("too_large").inc()
 
-    async def _run(self, chat_sse: Any, events: ResponseEvents, keep: Callable[[dict[str, Any]], Any]) -> None:
+    async def _run(self, chat_chunks: Any, events: ResponseEvents, keep: Callable[[dict[str, Any]], Any]) -> None:
         """A background response's answer, read to its end and stored (unless it was cancelled meanwhile)."""
         in_progress = events.base | {"status": "in_progress"}
         await keep(in_progress)
         try:
-            async for _ in stream(chat_sse, events, keep):
+            async for _ in stream(chat_chunks, events, keep):
                 pass
-        except Exception as e:  # the answer failed: stored as failed, with what failed
+        except Exception as e:
             log.warning("background response %s failed", events.base["id"], exc_info=True)
-            error = {"code": "server_error", "message": str(e) or type(e).__name__}
-            await keep(in_progress | {"status": "failed", "error": error})
+            events.error = {"code": "server_error", "message": str(e) or type(e).__name__}
+        if events.error is not None:  # the answer failed: stored as failed, with what failed
+            await keep(in_progress | {"status": "failed", "error": events.error})
 
     def _start(self, response_id: str, run: Any) -> None:
         task = asyncio.get_running_loop().create_task(run, name=f"response {response_id}")

@@ -104,8 +104,11 @@ class CompletionService:
         traceparent: str | None = None,
         tenant: str = DEFAULT_TENANT,
         slo_class: str | None = None,
-    ) -> dict[str, Any] | AsyncIterator[str]:
-        """A whole response body, or (for `stream: true`) an iterator of SSE events.
+        framed: bool = True,
+    ) -> dict[str, Any] | AsyncIterator[Any]:
+        """A whole response body, or (for `stream: true`) an iterator of SSE events; `framed` False: of the
+        events' payloads (each chunk's dict, or an error's body, ending where `[DONE]` would be sent), for the
+        APIs that answer a stream in their own events (`anthropic_messages`, `openai_responses_stream`).
         Raises APIError for anything the client must fix, and 429 when the
         frontend, the request's SLO class or its tenant is at its limit. `traceparent`: the client's W3C trace
         context, which the request's span continues (tracing on); `tenant`: whose API key it came with;
@@ -126,7 +129,7 @@ class CompletionService:
         if span.traceparent is not None:
             prepared = _with_trace_context(prepared, span.traceparent)
         if prepared.stream:
-            stream = self._sse(prepared, slot, span)
+            stream = self._stream(prepared, slot, span, framed)
             weakref.finalize(stream, slot.release)  # a stream never iterated still gives its slot back
             if span.recording:
                 weakref.finalize(stream, span.end)  # and ends its span
@@ -241,31 +244,34 @@ class CompletionService:
             p.endpoint, p.header, choices, usage_body, chat_prompt_ids, chat_prompt_logprobs, p.options.prompt_text
         )
 
-    async def _sse(self, p: PreparedRequest, slot: Slot, span: Span) -> AsyncIterator[str]:
+    async def _stream(self, p: PreparedRequest, slot: Slot, span: Span, framed: bool) -> AsyncIterator[Any]:
+        """Each event's payload, as an SSE event when `framed` (then `[DONE]` at the end)."""
         states = [ChoiceState(plan, p) for plan in p.choices]
         with _held(slot, span):
-            async for event in self._sse_events(p, states, slot, span):
-                yield event
+            async for payload in self._payloads(p, states, slot, span):
+                yield sse.event(payload) if framed else payload
+            if framed:
+                yield sse.DONE
 
-    async def _sse_events(
+    async def _payloads(
         self, p: PreparedRequest, states: list[ChoiceState], slot: Slot, span: Span
-    ) -> AsyncIterator[str]:
+    ) -> AsyncIterator[dict[str, Any]]:
         try:
             if p.endpoint is Endpoint.CHAT:
                 # Each choice's first chunk carries the prompt's ids and text when asked, as vLLM's.
                 prompt_ids = list(p.prompts[0]) if p.options.return_token_ids else None
                 for s in states:
                     role = role_chunk(p.header, s.plan.index, prompt_ids, p.options.role, p.options.prompt_text)
-                    yield sse.event(s.with_usage(role, p.continuous_usage))
+                    yield s.with_usage(role, p.continuous_usage)
                 for s in states:  # the echoed last message, as vLLM sends it: one chunk after the roles
                     if s.plan.echo:
                         echo = chunk(p.endpoint, p.header, [chat_delta(s.plan.index, {"content": s.plan.echo}, None)])
-                        yield sse.event(s.with_usage(echo, p.continuous_usage))
+                        yield s.with_usage(echo, p.continuous_usage)
             async for index, engine_chunk in self.fan_out.choice_chunks(p, states, span):
                 ready = states[index].held.take(engine_chunk)
                 choice = states[index].delta(ready) if ready is not None else None
                 if choice is not None:
-                    yield sse.event(states[index].with_usage(chunk(p.endpoint, p.header, [choice]), p.continuous_usage))
+                    yield states[index].with_usage(chunk(p.endpoint, p.header, [choice]), p.continuous_usage)
         except (asyncio.CancelledError, GeneratorExit):
             self.metrics.requests.labels(p.endpoint.value, "cancelled").inc()
             raise
@@ -274,13 +280,11 @@ class CompletionService:
             span.record_error(e)
             self.metrics.requests.labels(p.endpoint.value, "client_error" if rejected else "server_error").inc()
             err = self._rejected(p, e) if rejected else server_error(f"generation failed: {_cause(e)}")
-            yield sse.event(err.body())
-            yield sse.DONE
+            yield err.body()
             return
         usage_body = self._finish(p, states, slot, span)
         if p.include_usage:
-            yield sse.event(usage_chunk(p.endpoint, p.header, usage_body))
-        yield sse.DONE
+            yield usage_chunk(p.endpoint, p.header, usage_body)
 
 
 def _with_trace_context(p: PreparedRequest, traceparent: str) -> PreparedRequest:

@@ -494,3 +494,25 @@ def test_a_store_that_fails_or_refuses_leaves_the_answer_served_and_counted():
     big = post(fe, "/v1/responses", {"model": MODEL, "input": "hi"})
     assert big.status_code == 200 and len(fe.parts.responses.store) == 0
     assert fe.metric("orchestrator_responses_unstored_total", {"reason": "too_large"}) == 1
+
+
+def test_a_stream_whose_generation_fails_ends_with_an_error_event_and_a_background_one_is_stored_failed():
+    fe = make_frontend(decode=FakePool("decode_pool", generate_error_after=1))
+
+    async def go():
+        async with fe.client() as c:
+            body = {"model": MODEL, "input": "hi", "max_output_tokens": 8}
+            streamed = (await c.post("/v1/responses", json={**body, "stream": True})).text
+            queued = (await c.post("/v1/responses", json={**body, "background": True})).json()
+            for _ in range(200):
+                got = (await c.get(f"/v1/responses/{queued['id']}")).json()
+                if got["status"] not in ("queued", "in_progress"):
+                    return streamed, got
+                await asyncio.sleep(0.01)
+            return streamed, got
+
+    streamed, background = run(go())
+    events = [json.loads(line[6:]) for line in streamed.split("\n") if line.startswith("data: ")]
+    assert events[-1]["type"] == "error" and "generation failed" in events[-1]["message"]
+    assert "response.completed" not in [e["type"] for e in events]
+    assert background["status"] == "failed" and "generation failed" in background["error"]["message"]
