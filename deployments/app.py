@@ -129,7 +129,8 @@ def _group_pools(config: AppConfig, wire_secret: str) -> dict:
 
 def build_app(config: AppConfig) -> Application:
     """The whole graph: frontend -> decode pool (+ prefill pool when disaggregated),
-    and the same for every further pool group; the Responses API's store beside them. Builds without starting
+    and the same for every further pool group; the Responses API's store beside them where the frontends are
+    several. Builds without starting
     anything, so a config can be checked offline."""
     check_app(config)
     args = config.model_dump(mode="json")
@@ -150,10 +151,12 @@ def build_app(config: AppConfig) -> Application:
         max_ongoing_requests=config.frontend.max_ongoing_requests,
         ray_actor_options={"num_cpus": config.frontend.num_cpus, "runtime_env": {"env_vars": REPLICA_ENV}},
     )
+    # The Responses API's store: shared by the frontends in a replica of its own where there are several; with one
+    # frontend, that frontend's own (no process more).
     responses = config.frontend.responses
     store = (
         ResponseStoreReplica.options(name="response_store").bind(responses.max_stored, responses.max_stored_bytes)
-        if responses.store
+        if responses.store and config.frontend.replicas > 1
         else None
     )
     groups = (_group_pools(config, wire_secret),) if config.pool_groups else ()

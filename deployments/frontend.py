@@ -47,8 +47,8 @@ class Frontend:
         response_store: DeploymentHandle | None = None,
     ) -> None:
         """`pool_groups`: further groups' handles, group name -> [decode, prefill or None]; `wire_secret`: the
-        application's data-plane secret (hex), proved to every replica; `response_store`: the app's store of
-        Responses API responses (None: frontend.responses.store off)."""
+        application's data-plane secret (hex), proved to every replica; `response_store`: the store of Responses
+        API responses the app's frontends share (None: this frontend keeps its own, or none with the store off)."""
         app = AppConfig.model_validate(config)
         self.config = app
         set_niceness(app.serving_niceness)

@@ -1,5 +1,6 @@
-"""The Responses API's store, shared by every frontend replica of an app: one Serve replica holding a
-`BoundedResponseStore` (orchestrator/api/response_store.py), and the frontends' client of it.
+"""The Responses API's store, shared by the frontend replicas of an app that has several (`build_app`; one
+frontend keeps its own, as vLLM's server does): one Serve replica holding a `BoundedResponseStore`
+(orchestrator/api/response_store.py), and the frontends' client of it.
 
 Where it lives decides what survives: a frontend's restart, yes (the store is its own replica); the store
 replica's restart, no (Serve starts it empty); a new deploy, no. Its calls are one actor round trip each: a

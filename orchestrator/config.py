@@ -482,8 +482,9 @@ class ResponsesConfig(_Strict):
     store: bool = Field(
         default=True,
         description="Keep the responses the Responses API is asked to store (`store: true`, its default), for "
-        "`previous_response_id`, `GET /v1/responses/{id}` and background responses. One store (a Serve replica "
-        "of its own) serves every frontend replica; it outlives frontend restarts, not its own. Off: `store` is "
+        "`previous_response_id`, `GET /v1/responses/{id}` and background responses. With several frontend "
+        "replicas, one store (a Serve replica of its own) serves them all and outlives their restarts, not its own; "
+        "with one, the store is that frontend's, lost with it (as vLLM's server keeps them). Off: `store` is "
         "ignored, as vLLM's server does by default.",
     )
     max_stored: PositiveInt = Field(

@@ -237,6 +237,10 @@ def parse(body: bytes) -> ResponsesRequest:
         if tool.get("type") != "function":
             where = f"tools.{i}.type"
             raise APIError(400, f"{where}: {tool.get('type')} tools are not served by this server", param=where)
+        try:
+            FunctionTool.model_validate(tool)
+        except ValidationError as e:
+            raise _invalid(e, f"tools.{i}.") from None
     return req
 
 

@@ -73,6 +73,7 @@ class ResponsesService:
                 raise APIError(400, "background: a streamed background response is not served", param="background")
         previous = await self._previous(req.previous_response_id, tenant)
         chat = api.chat_request(req, previous, reads_calls=self.chat.preparer.tool_parser is not None)
+        chat.setdefault("model", self.chat.model.name)  # no model named: the served one, as vLLM
         messages = chat["messages"]
         base = api.head(req, f"resp_{self.new_id()}", int(self.wall_clock()), req.model or self.chat.model.name)
         if req.background:

@@ -207,7 +207,8 @@ def test_config_builds_a_frontend_bound_to_one_deployment_per_pool(path):
     assert load_app_config(path).mode is expected_mode
 
     deployments = _built(path)
-    assert set(deployments) == {"frontend", "response_store", *_pools_in_file(args)}
+    shared_store = load_app_config(path).frontend.replicas > 1
+    assert set(deployments) == {"frontend", *_pools_in_file(args)} | ({"response_store"} if shared_store else set())
     frontend, settings = deployments["frontend"], args.get("frontend", {})
     assert frontend.num_replicas == _setting(settings, FrontendConfig, "replicas")
     assert frontend.ray_actor_options["num_cpus"] == _setting(settings, FrontendConfig, "num_cpus")
@@ -219,12 +220,27 @@ def test_config_builds_a_frontend_bound_to_one_deployment_per_pool(path):
     }
     primary = ["decode_pool", "prefill_pool" if "prefill_pool" in args else None]
     assert [_bound_names(a) for a in frontend.init_args[1:]] == primary + ([groups] if groups else [])
-    # The Responses API's store: one replica, no CPU reserved, bound where Frontend takes it, with its bounds.
+    # The Responses API's store: with one frontend, its own (nothing bound); with several, one replica they share,
+    # no CPU reserved, bound where Frontend takes it, with its bounds.
+    if not shared_store:
+        assert frontend.init_kwargs["response_store"] is None
+        return
     store = deployments["response_store"]
     assert _bound_names(frontend.init_kwargs["response_store"]) == "response_store"
     assert store.num_replicas == 1 and store.ray_actor_options["num_cpus"] == 0
     responses = load_app_config(path).frontend.responses
     assert store.init_args == (responses.max_stored, responses.max_stored_bytes)
+
+
+def test_an_app_with_several_frontends_shares_one_response_store_replica():
+    from deployments.app import build_app
+
+    config = load_app_config(CONFIGS[0]).model_copy(deep=True)
+    several = config.model_validate(config.model_dump() | {"frontend": config.frontend.model_dump() | {"replicas": 2}})
+    deployments = _deployments(build_app(several))
+    store, frontend = deployments["response_store"], deployments["frontend"]
+    assert _bound_names(frontend.init_kwargs["response_store"]) == "response_store" and store.num_replicas == 1
+    assert store.ray_actor_options["num_cpus"] == 0
 
 
 @pytest.mark.parametrize("path, name", _pools(), ids=lambda v: getattr(v, "name", v))

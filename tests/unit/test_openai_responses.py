@@ -421,6 +421,7 @@ def test_with_the_store_off_store_is_ignored_and_background_is_refused():
         ({"input": [{"type": "input_image", "image_url": "x"}]}, 400, "input.0.type"),
         ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]}, 400, "input.0.content"),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, 400, "tools.0.type"),
+        ({"input": "hi", "tools": [{"type": "function", "parameters": {}}]}, 400, "tools.0.name"),
         ({"input": "hi", "tool_choice": "required"}, 400, "tool_choice"),
         ({"input": "hi", "prompt": {"id": "p"}}, 400, "prompt"),
         ({"input": "hi", "temperature": "hot"}, 400, "temperature"),
@@ -436,6 +437,12 @@ def test_bad_input_gets_openais_error_shape_and_the_server_keeps_serving(body, s
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error" and param in (error["param"] or "") + error["message"]
     assert post(fe, "/v1/responses", {"model": MODEL, "input": "hi"}).status_code == 200
+
+
+def test_a_request_naming_no_model_is_answered_by_the_served_one():
+    fe = make_frontend(decode=FakePool("decode_pool", script=("ok",)))
+    r = post(fe, "/v1/responses", {"input": "hi"})
+    assert r.status_code == 200 and r.json()["model"] == MODEL
 
 
 def test_the_service_needs_no_app():
