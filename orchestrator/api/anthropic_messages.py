@@ -29,7 +29,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.api.errors import APIError
+from orchestrator.api.errors import APIError, from_validation_error
 
 # Anthropic's error type for each status (https://docs.anthropic.com/en/api/errors).
 ERROR_TYPES = {
@@ -138,9 +138,7 @@ def chat_request(body: bytes) -> tuple[MessagesRequest, dict[str, Any]]:
     try:
         req = MessagesRequest.model_validate_json(body)
     except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or None
-        raise APIError(400, f"{where}: {first['msg']}" if where else first["msg"], param=where) from None
+        raise from_validation_error(e) from None
     for name in ("thinking", "output_config"):
         if getattr(req, name) is not None:
             raise APIError(400, f"{name}: not served by this server's Messages API", param=name)

@@ -48,10 +48,11 @@ def unavailable(message: str) -> APIError:
     return APIError(503, message, type="server_error", code="service_unavailable")
 
 
-def from_validation_error(err: ValidationError) -> APIError:
-    """The first problem pydantic found, with the field's dotted path as `param`."""
+def from_validation_error(err: ValidationError, prefix: str = "") -> APIError:
+    """The first problem pydantic found, with the field's dotted path (after `prefix`, where the validated value
+    sits inside the request) as `param`."""
     first = err.errors()[0]
-    loc = ".".join(str(p) for p in first["loc"])
+    loc = prefix + ".".join(str(p) for p in first["loc"])
     param = loc or None
     message = f"{param}: {first['msg']}" if param else first["msg"]
     if len(err.errors()) > 1:

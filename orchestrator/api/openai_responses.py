@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.api.errors import APIError
+from orchestrator.api.errors import APIError, from_validation_error
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 # vLLM's own fields, handed to the chat request as they are (it validates them, under the same names).
@@ -229,7 +229,7 @@ def parse(body: bytes) -> ResponsesRequest:
     try:
         req = ResponsesRequest.model_validate_json(body)
     except ValidationError as e:
-        raise _invalid(e) from None
+        raise from_validation_error(e) from None
     for name in ("prompt", "conversation"):
         if getattr(req, name) is not None:
             raise APIError(400, f"{name}: not served by this server's Responses API", param=name)
@@ -240,14 +240,8 @@ def parse(body: bytes) -> ResponsesRequest:
         try:
             FunctionTool.model_validate(tool)
         except ValidationError as e:
-            raise _invalid(e, f"tools.{i}.") from None
+            raise from_validation_error(e, f"tools.{i}.") from None
     return req
-
-
-def _invalid(e: ValidationError, prefix: str = "") -> APIError:
-    first = e.errors()[0]
-    where = prefix + ".".join(str(p) for p in first["loc"])
-    return APIError(400, f"{where}: {first['msg']}" if where else first["msg"], param=where or None)
 
 
 def chat_request(req: ResponsesRequest, previous: PreviousTurn | None, reads_calls: bool = True) -> dict[str, Any]:
@@ -333,7 +327,7 @@ def _item(raw: dict[str, Any], index: int) -> BaseModel:
     try:
         item = model.model_validate(raw)
     except ValidationError as e:
-        raise _invalid(e, f"input.{index}.") from None
+        raise from_validation_error(e, f"input.{index}.") from None
     if isinstance(item, ReasoningItem) and item.encrypted_content:
         where = f"input.{index}.encrypted_content"
         raise APIError(400, f"{where}: encrypted reasoning is not served by this server", param=where)
