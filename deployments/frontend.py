@@ -24,7 +24,7 @@ from orchestrator.lora.catalog import AdapterCatalog
 from orchestrator.metrics import DirectPathFallbacks
 from orchestrator.prompts import load_tokenizer
 from orchestrator.tracing import tracer_from_config
-from orchestrator.wire.client import ReplicaStreams
+from orchestrator.wire.client import Parking, ReplicaStreams
 
 log = logging.getLogger("ray.serve")
 
@@ -56,7 +56,9 @@ class Frontend:
         handles.update({name: (pair[0], pair[1]) for name, pair in (pool_groups or {}).items()})
         # One data-plane connection per replica, shared by every pool and request.
         direct = app.frontend.data_plane is DataPlane.DIRECT
-        self.streams = ReplicaStreams(bytes.fromhex(wire_secret)) if direct else None
+        stalled = app.frontend.stalled_readers
+        parking = Parking(stalled.park_after_s, stalled.park_after_tokens) if stalled.park else None
+        self.streams = ReplicaStreams(bytes.fromhex(wire_secret), parking=parking) if direct else None
         fallbacks = DirectPathFallbacks()
         groups = {
             name: PoolGroup(

@@ -497,6 +497,24 @@ class ResponsesConfig(_Strict):
     )
 
 
+class StalledReadersConfig(_Strict):
+    """A streamed answer whose client stops reading (the frontend's writes to it wait) is parked: its engine
+    request is aborted, so neither the replica nor its engine holds anything for it, and the frontend keeps
+    what arrived before (at most `park_after_tokens` tokens). When the client reads again, the prompt plus the
+    tokens sent continue on the replica the scheduler picks, as a migration does (not counted as one). Direct
+    data plane only; an answer under a JSON schema or grammar is never parked (its constraint cannot resume)."""
+
+    park: bool = Field(default=True, description="Park stalled streams. Off: a stalled stream runs to its end.")
+    park_after_s: PositiveFloat = Field(
+        default=2.0,
+        description="A stream is parked when a chunk arrives this long after its client last took one, while it "
+        "has not come back.",
+    )
+    park_after_tokens: PositiveInt = Field(
+        default=256, description="A stream is parked as soon as this many of its tokens wait unread, however recent."
+    )
+
+
 class FrontendConfig(_Strict):
     replicas: PositiveInt = Field(
         default=1,
@@ -539,6 +557,10 @@ class FrontendConfig(_Strict):
     )
     responses: ResponsesConfig = Field(
         default=ResponsesConfig(), description="OpenAI's Responses API (`/v1/responses`): its store of responses."
+    )
+    stalled_readers: StalledReadersConfig = Field(
+        default=StalledReadersConfig(),
+        description="Streams whose client stops reading: parked, holding no engine request (direct data plane).",
     )
     data_plane: DataPlane = Field(
         default=DataPlane.DIRECT,

@@ -188,10 +188,15 @@ class EngineRequest:
     def for_decode(self, replica: str | None, kv_transfer: KVTransfer | None) -> EngineRequest:
         return replace(self, kv_transfer=kv_transfer, target_replica=replica)
 
+    @property
+    def resumable_mid_output(self) -> bool:
+        """Whether another engine request can continue this one after some of its output: a constrained
+        output's constraint cannot be resumed mid-output."""
+        return self.sampling.structured is None
+
     def resumable_after(self, generated: Sequence[int]) -> bool:
-        """Whether `continued(generated, ...)` exists: a constrained output's
-        constraint cannot be resumed mid-output on another engine."""
-        return self.sampling.structured is None or not generated
+        """Whether `continued(generated, ...)` exists."""
+        return self.resumable_mid_output or not generated
 
     def continued(self, generated: Sequence[int], attempt: int) -> EngineRequest:
         """The rest of this request after `generated` tokens, to run elsewhere:

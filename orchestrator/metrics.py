@@ -215,6 +215,12 @@ class FrontendMetrics:
         self.migrations = Counter(
             f"{PREFIX}_decode_migrations", "Streams moved to another decode replica after theirs failed.", registry=r
         )
+        self.parked_streams = Counter(
+            f"{PREFIX}_parked_streams",
+            "Streams whose client stopped reading: the engine request was aborted, and continued once the client "
+            "read again.",
+            registry=r,
+        )
         self.decode_replicas_set_aside = Counter(
             f"{PREFIX}_decode_replicas_set_aside",
             "Decode replicas that failed a stream and got no new request for a while.",

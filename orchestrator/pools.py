@@ -34,6 +34,12 @@ class DirectPathFallback(str, enum.Enum):
     REFUSED = "refused"  # the replica refused this frontend's proof (a frontend of another deploy)
 
 
+class StreamParked(Exception):
+    """A `generate` stream ended because its reader stopped taking chunks (its client stopped reading): the
+    engine request was aborted after the chunks already yielded, so the replica holds nothing for it. The
+    caller continues the request (its prompt plus the tokens yielded) once its reader reads again."""
+
+
 class PoolClient(Protocol):
     name: str
 
@@ -49,5 +55,6 @@ class PoolClient(Protocol):
 
     def generate(self, request: EngineRequest, view: ReplicaView | None = None) -> AsyncIterator[EngineChunk]:
         """Stream a request from `request.target_replica` (any replica if None), `view` as for
-        `prefill`. Closing the iterator early aborts the request on the replica."""
+        `prefill`. Closing the iterator early aborts the request on the replica. May end with
+        `StreamParked` after a stall of its reader, where the request is resumable mid-output."""
         ...

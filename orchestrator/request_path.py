@@ -9,6 +9,10 @@
            tokens already streamed go to another decode replica, which
            computes their KV and continues; the client sees one unbroken
            stream (at most `max_migrations` times, then the error).
+        -- the stream is parked (its client stopped reading; the replica
+           aborted the request): once the client reads again, the prompt plus
+           the tokens streamed continue on the replica the scheduler picks
+           (any number of times; counted in `parked_streams`).
 
 Engines whose prefill replica publishes `KVHandoff.CONCURRENT` (SGLang) hand
 KV over differently: the frontend draws a rendezvous (the prefill replica's
@@ -52,7 +56,7 @@ from orchestrator.engines.base import (
 from orchestrator.kv.prompt_blocks import PromptBlocks
 from orchestrator.messages import EngineChunk, EngineRequest, KVTransfer, PrefillResult
 from orchestrator.metrics import FrontendMetrics
-from orchestrator.pools import PoolClient, ReplicaView
+from orchestrator.pools import PoolClient, ReplicaView, StreamParked
 from orchestrator.routing.base import RouteDecision, RouteKind, RouteReason, Scheduler
 from orchestrator.tracing import NOOP_SPAN, Span
 
@@ -78,6 +82,7 @@ class RequestTrace:
     prefill: PrefillResult | None = None
     fallback: FallbackReason | None = None
     migrations: int = 0
+    parks: int = 0  # times the stream was parked and continued (its client stopped reading)
     # The choice's span (tracing on): the route and a remote prefill are its children.
     span: Span = NOOP_SPAN
 
@@ -229,6 +234,7 @@ class RequestPath:
         `prefill_accounted`: the scheduler was told the prompt is computed (a remote prefill)."""
         generated: list[int] = []
         sent_text = ""
+        continuations = 0  # engine requests after the first: migrations and parks
         failed: set[str] = set()
         failed_prefills: set[str] = set()
         while True:
@@ -245,13 +251,13 @@ class RequestPath:
                 async with contextlib.aclosing(source) as chunks:
                     async for chunk in chunks:
                         if chunk.num_prompt_tokens:
-                            if not trace.migrations:  # once per request: a continuation's first chunk is not TTFT
+                            if not continuations:  # once per request: a continuation's first chunk is not TTFT
                                 self.metrics.hop_seconds.labels("first_chunk").observe(self.clock() - sent)
                             if not prefill_accounted:
                                 self.scheduler.on_prefill_done(original.request_id)
                                 prefill_accounted = True
                         generated.extend(chunk.token_ids)
-                        if trace.migrations and self.detokenize is not None:
+                        if continuations and self.detokenize is not None:
                             chunk = replace(chunk, text=self._continued_text(generated, sent_text, chunk.finished))
                         sent_text += chunk.text
                         yield chunk
@@ -262,6 +268,15 @@ class RequestPath:
                 failed_prefills.add(e.prefill_replica)
                 concurrent_with = None  # the decode replica prefills itself, or another prefill replica does
                 continue
+            except StreamParked:
+                # The client reads again (it asked for the next chunk); no replica is at fault.
+                trace.parks += 1
+                continuations += 1
+                self.metrics.parked_streams.inc()
+                trace.span.add_event("parked", {"replica": request.target_replica, "after_tokens": len(generated)})
+                request, view = await self._migrate(original, generated, failed, continuations)
+                concurrent_with = None
+                continue
             except Exception as e:
                 if (
                     trace.migrations >= self.max_migrations
@@ -270,6 +285,7 @@ class RequestPath:
                 ):
                     raise
                 trace.migrations += 1
+                continuations += 1
                 self.metrics.migrations.inc()
                 trace.span.add_event("migration", {"replica": request.target_replica, "after_tokens": len(generated)})
                 if request.target_replica is not None:
@@ -283,7 +299,7 @@ class RequestPath:
                     e,
                     trace.migrations,
                 )
-                request, view = await self._migrate(original, generated, failed, trace.migrations)
+                request, view = await self._migrate(original, generated, failed, continuations)
                 concurrent_with = None
 
     # -- replicas set aside after a failed stream ---------------------------------
@@ -315,7 +331,8 @@ class RequestPath:
     async def _migrate(
         self, original: EngineRequest, generated: list[int], failed: set[str], attempt: int
     ) -> tuple[EngineRequest, ReplicaView | None]:
-        """The continuation, routed to a decode replica that has not failed it, and that replica."""
+        """The continuation (engine request `attempt` + 1), routed to a decode replica that has not failed it,
+        and that replica."""
         continued = original.continued(generated, attempt)
         candidates = await self._migration_candidates(failed)
         route = self.scheduler.route_request(continued, None, candidates)

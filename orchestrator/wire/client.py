@@ -8,6 +8,11 @@ on it:
     generate(req):  GENERATE; yield chunks as they arrive, merged into one
                     while the consumer lags (no token lost, fewer events);
                     closed early -> CANCEL (the replica aborts the request)
+                    parked (`Parking`, a request resumable mid-output): its
+                    consumer has not come back for what arrived within
+                    `after_s` of its last take, or holds `after_tokens` unread
+                    -> CANCEL, later frames dropped; the consumer gets what
+                    arrived, then StreamParked (the caller continues it)
     prefill(req):   PREFILL; await RESULT; cancelled -> CANCEL
     ERROR rejected -> EngineRequestRejected; refused (the proof, another
     deploy's secret) -> DataPlaneRefused (the caller takes Serve's handle);
@@ -20,15 +25,32 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.engines.base import EngineError, EngineRequestRejected
 from orchestrator.messages import EngineChunk, EngineRequest, PrefillResult
+from orchestrator.pools import StreamParked
 from orchestrator.wire.frames import ErrorKind, FrameReader, Op, ProtocolError, encode, proof
 from orchestrator.wire.liveness import watch_liveness
 
 _END = object()
+_PARKED = object()
+
+
+@dataclass(frozen=True)
+class Parking:
+    """When a generate stream whose consumer stopped taking chunks is parked: a chunk arrives
+    `after_s` or more after the consumer's last take while it has not come back, or its unread
+    chunks hold `after_tokens` tokens."""
+
+    after_s: float
+    after_tokens: int
+
+    def due(self, unread_tokens: int, since_take_s: float) -> bool:
+        return unread_tokens >= self.after_tokens or since_take_s >= self.after_s
 
 
 class ReplicaDraining(EngineError):
@@ -49,18 +71,41 @@ def _error(kind: ErrorKind, message: str) -> Exception:
 
 
 class _Stream:
-    """What arrived for one stream and not yet consumed."""
+    """What arrived for one stream and not yet consumed; `parking` None: never parked."""
 
-    __slots__ = ("items", "waiter")
+    __slots__ = ("items", "waiter", "parking", "clock", "taken_at", "unread_tokens")
 
-    def __init__(self) -> None:
+    def __init__(self, parking: Parking | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.items: collections.deque[Any] = collections.deque()
         self.waiter: asyncio.Future | None = None
+        self.parking = parking
+        self.clock = clock
+        # When the consumer last took what had arrived (parking only; opening the stream counts as one).
+        self.taken_at = clock() if parking is not None else 0.0
+        self.unread_tokens = 0  # in the chunks it has not taken (parking only)
 
     def put(self, *items: Any) -> None:
         self.items.extend(items)
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
+            if self.parking is not None:
+                self.taken_at = self.clock()  # a waiting consumer takes it now
+
+    def put_chunks(self, chunks: tuple[EngineChunk, ...]) -> bool:
+        """Queue `chunks`; True when the stream is due to be parked."""
+        lagging = self.parking is not None and (self.waiter is None or self.waiter.done())
+        self.put(*chunks)
+        if self.parking is None:
+            return False
+        if any(c.finished for c in chunks):
+            self.parking = None  # its end has arrived: nothing left to spare the replica
+            return False
+        self.unread_tokens += sum(len(c.token_ids) for c in chunks)
+        return lagging and self.parking.due(self.unread_tokens, self.clock() - self.taken_at)
+
+    def took(self) -> None:
+        if self.parking is not None:
+            self.taken_at, self.unread_tokens = self.clock(), 0
 
     async def wait(self) -> None:
         while not self.items:
@@ -118,7 +163,8 @@ class _Connection(asyncio.Protocol):
         if stream is None:
             return  # a stream this side already closed
         if op is Op.CHUNKS:
-            stream.put(*payload)
+            if stream.put_chunks(payload):
+                self._park(stream_id, stream)
         elif op is Op.RESULT:
             stream.put(payload)
         elif op is Op.END:
@@ -127,6 +173,13 @@ class _Connection(asyncio.Protocol):
             stream.put(_error(*payload))
         else:
             raise ProtocolError(f"a server does not send {op.name}")
+
+    def _park(self, stream_id: int, stream: _Stream) -> None:
+        """The replica aborts the request; what it sent after this is dropped."""
+        del self.streams[stream_id]
+        assert self.transport is not None
+        self.transport.write(encode(Op.CANCEL, stream_id))
+        stream.put(_PARKED)
 
     def send(self, frame: bytes) -> None:
         if self.closed or self.transport is None:
@@ -140,11 +193,20 @@ class ReplicaStreams:
     """Connections to replicas by (host, port), proving `secret` (the application's data-plane secret);
     safe for many concurrent calls."""
 
-    def __init__(self, secret: bytes, connect_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        secret: bytes,
+        connect_timeout_s: float = 5.0,
+        parking: Parking | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """`parking`: when a stalled consumer's generate stream is parked (None: never)."""
         if not secret:
             raise ValueError("the data plane needs the application's secret")
         self.secret = secret
         self.connect_timeout_s = connect_timeout_s
+        self.parking = parking
+        self.clock = clock
         self._connections: dict[tuple[str, int], _Connection] = {}
         self._connecting: dict[tuple[str, int], asyncio.Future] = {}
         self._ids = itertools.count(1)
@@ -175,10 +237,10 @@ class ReplicaStreams:
         return conn
 
     async def _open_stream(
-        self, address: tuple[str, int], op: Op, request: EngineRequest
+        self, address: tuple[str, int], op: Op, request: EngineRequest, parking: Parking | None = None
     ) -> tuple[_Connection, int, _Stream]:
         conn = await self._connection(address)
-        stream_id, stream = next(self._ids), _Stream()
+        stream_id, stream = next(self._ids), _Stream(parking, self.clock)
         conn.streams[stream_id] = stream
         conn.send(encode(op, stream_id, request))
         return conn, stream_id, stream
@@ -190,11 +252,13 @@ class ReplicaStreams:
             conn.send(encode(Op.CANCEL, stream_id))
 
     async def generate(self, address: tuple[str, int], request: EngineRequest) -> AsyncIterator[EngineChunk]:
-        conn, stream_id, stream = await self._open_stream(address, Op.GENERATE, request)
+        parking = self.parking if request.resumable_mid_output else None
+        conn, stream_id, stream = await self._open_stream(address, Op.GENERATE, request, parking)
         finished = False
         try:
             while True:
                 await stream.wait()
+                stream.took()
                 chunks, end = [], None
                 while stream.items:
                     item = stream.items.popleft()
@@ -208,6 +272,9 @@ class ReplicaStreams:
                 if end is _END:
                     finished = True
                     return
+                if end is _PARKED:
+                    finished = True  # cancelled when parked
+                    raise StreamParked(f"stream {stream_id}'s reader stalled")
                 if end is not None:
                     finished = True
                     raise end
