@@ -86,6 +86,11 @@ class RequestTrace:
     # The choice's span (tracing on): the route and a remote prefill are its children.
     span: Span = NOOP_SPAN
 
+    @property
+    def continuations(self) -> int:
+        """Engine requests after the first: migrations and parks."""
+        return self.migrations + self.parks
+
 
 class _ConcurrentPrefillFailed(Exception):
     """The prefill half of a concurrent handoff failed before the decode
@@ -234,7 +239,6 @@ class RequestPath:
         `prefill_accounted`: the scheduler was told the prompt is computed (a remote prefill)."""
         generated: list[int] = []
         sent_text = ""
-        continuations = 0  # engine requests after the first: migrations and parks
         failed: set[str] = set()
         failed_prefills: set[str] = set()
         while True:
@@ -251,13 +255,13 @@ class RequestPath:
                 async with contextlib.aclosing(source) as chunks:
                     async for chunk in chunks:
                         if chunk.num_prompt_tokens:
-                            if not continuations:  # once per request: a continuation's first chunk is not TTFT
+                            if not trace.continuations:  # once per request: a continuation's first chunk is not TTFT
                                 self.metrics.hop_seconds.labels("first_chunk").observe(self.clock() - sent)
                             if not prefill_accounted:
                                 self.scheduler.on_prefill_done(original.request_id)
                                 prefill_accounted = True
                         generated.extend(chunk.token_ids)
-                        if continuations and self.detokenize is not None:
+                        if trace.continuations and self.detokenize is not None:
                             chunk = replace(chunk, text=self._continued_text(generated, sent_text, chunk.finished))
                         sent_text += chunk.text
                         yield chunk
@@ -271,10 +275,9 @@ class RequestPath:
             except StreamParked:
                 # The client reads again (it asked for the next chunk); no replica is at fault.
                 trace.parks += 1
-                continuations += 1
                 self.metrics.parked_streams.inc()
                 trace.span.add_event("parked", {"replica": request.target_replica, "after_tokens": len(generated)})
-                request, view = await self._migrate(original, generated, failed, continuations)
+                request, view = await self._migrate(original, generated, failed, trace.continuations)
                 concurrent_with = None
                 continue
             except Exception as e:
@@ -285,7 +288,6 @@ class RequestPath:
                 ):
                     raise
                 trace.migrations += 1
-                continuations += 1
                 self.metrics.migrations.inc()
                 trace.span.add_event("migration", {"replica": request.target_replica, "after_tokens": len(generated)})
                 if request.target_replica is not None:
@@ -299,7 +301,7 @@ class RequestPath:
                     e,
                     trace.migrations,
                 )
-                request, view = await self._migrate(original, generated, failed, continuations)
+                request, view = await self._migrate(original, generated, failed, trace.continuations)
                 concurrent_with = None
 
     # -- replicas set aside after a failed stream ---------------------------------

@@ -179,9 +179,10 @@ def test_a_stream_whose_end_has_arrived_is_not_parked():
             stream = streams.generate(address, request(max_tokens=3))
             engine.step()
             await anext(stream)
-            engine.step(2)  # the last token arrives while the consumer is away
+            engine.step()  # the consumer is away
             await settle()
             now[0] = 30.0
+            engine.step()  # its last token arrives long after the consumer's last take: nothing left to spare
             await settle()
             assert tokens([c async for c in stream]) == [OUT + 1, OUT + 2] and engine.aborted == []
 
@@ -213,9 +214,9 @@ def test_without_parking_a_stalled_stream_runs_to_its_end():
             stream = streams.generate(address, request(max_tokens=5))
             engine.step()
             await anext(stream)
-            engine.step(4)
-            await settle()
             now[0] = 30.0
+            engine.step(4)  # arriving long after the consumer's last take
+            await settle()
             assert engine.aborted == [] and tokens([c async for c in stream]) == [OUT + k for k in range(1, 5)]
 
     asyncio.run(main())
